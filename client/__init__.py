@@ -1,0 +1,1 @@
+"""The fscache client: connection, lease cache, blocking facade."""

@@ -1,0 +1,171 @@
+"""The blocking client: the async client on a trio loop in a background thread.
+
+A cache hit is answered on the caller's thread: one lookup in the cache's dict
+and one comparison with ``time.monotonic()``, with no lock and no thread hop.
+That is safe because the loop thread only ever replaces or removes whole,
+immutable entries (single dict operations, atomic under the GIL), and it drops
+an entry *before* approving a write: a hit that raced with the drop returned
+data whose replacement the server had not yet applied. Everything else crosses
+to the loop thread with ``trio.from_thread.run``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import ssl
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import trio
+
+from fscache.cache import DEFAULT_MAX_BYTES
+from fscache.client.client import Client, StatResult, open_client, parse_address
+from fscache.errors import FscacheError
+
+T = TypeVar("T")
+
+
+class BlockingClient:
+    """``fscache.connect(...)``: the same operations as the async client, blocking."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        client_id: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        cache_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        host, port = parse_address(address)
+        self.address = f"{host}:{port}"
+        self._started: queue.Queue[tuple[Client, trio.lowlevel.TrioToken] | BaseException] = (
+            queue.Queue()
+        )
+        self._stop: trio.Event | None = None
+        self._thread = threading.Thread(
+            target=trio.run,
+            args=(self._main, host, port, client_id, ssl_context, cache_bytes),
+            name=f"fscache-client-{self.address}",
+            daemon=True,
+        )
+        self._thread.start()
+        started = self._started.get()
+        if isinstance(started, BaseException):
+            self._thread.join()
+            raise started
+        self._client, self._token = started
+        self._entries = self._client._entries
+        self._hits = 0
+        self._closed = False
+
+    async def _main(
+        self,
+        host: str,
+        port: int,
+        client_id: str | None,
+        ssl_context: ssl.SSLContext | None,
+        cache_bytes: int,
+    ) -> None:
+        self._stop = trio.Event()
+        try:
+            async with open_client(
+                host,
+                port,
+                client_id=client_id,
+                ssl_context=ssl_context,
+                cache_bytes=cache_bytes,
+                clock=time.monotonic,
+            ) as client:
+                self._started.put((client, trio.lowlevel.current_trio_token()))
+                await self._stop.wait()
+        except BaseException as exc:  # noqa: BLE001 -- handed to the constructor's thread
+            if self._started.empty():
+                self._started.put(exc)
+            else:
+                raise
+
+    # ------------------------------------------------------------ the hot path
+    def read(self, path: str) -> bytes:
+        entry = self._entries.get(path)
+        if entry is not None and time.monotonic() < entry.expiry:
+            with contextlib.suppress(KeyError):  # dropped by the loop thread just now
+                self._entries.move_to_end(path)
+            self._hits += 1
+            return entry.data
+        return self._run(self._client.read, path)
+
+    # ------------------------------------------------------------ everything else
+    def write(self, path: str, data: bytes, *, if_version: int | None = None) -> int:
+        return self._run(lambda: self._client.write(path, data, if_version=if_version))
+
+    def delete(self, path: str, *, if_version: int | None = None) -> None:
+        self._run(lambda: self._client.delete(path, if_version=if_version))
+
+    def stat(self, path: str) -> StatResult:
+        return self._run(self._client.stat, path)
+
+    def listdir(self, path: str = "") -> list[str]:
+        return self._run(self._client.listdir, path)
+
+    def relinquish(self, *paths: str) -> None:
+        self._run(self._client.relinquish, *paths)
+
+    def extend(self, *paths: str) -> dict[str, bool]:
+        return self._run(self._client.extend, *paths)
+
+    def server_stats(self) -> dict[str, Any]:
+        return self._run(self._client.server_stats)
+
+    @property
+    def stats(self) -> Mapping[str, int | float]:
+        stats = dict(self._client.stats)
+        stats["hits"] += self._hits
+        lookups = stats["hits"] + stats["misses"]
+        stats["hit_ratio"] = stats["hits"] / lookups if lookups else 0.0
+        return stats
+
+    @property
+    def epoch(self) -> str | None:
+        return self._client.epoch
+
+    def _run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        if self._closed:
+            raise FscacheError("client is closed")
+        return trio.from_thread.run(fn, *args, trio_token=self._token)
+
+    def close(self) -> None:
+        """Say goodbye to the server and stop the background thread."""
+        if self._closed:
+            return
+        self._closed = True
+        stop = self._stop
+        if stop is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(stop.set, trio_token=self._token)
+        self._thread.join()
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
+
+
+def connect(
+    address: str = "127.0.0.1:7710",
+    *,
+    client_id: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    cache_bytes: int = DEFAULT_MAX_BYTES,
+) -> BlockingClient:
+    """A blocking client connected to ``address`` (``host:port``)."""
+    return BlockingClient(
+        address, client_id=client_id, ssl_context=ssl_context, cache_bytes=cache_bytes
+    )

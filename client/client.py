@@ -1,0 +1,633 @@
+"""The async client: one multiplexed connection, the lease cache, reconnection.
+
+Theory of operation
+-------------------
+All requests share one connection; each carries an id and waits for the reply
+with that id. One reader task handles every frame from the server *in order*
+and applies its effect on the cache before waking the requester: a reply's data
+is cached, then a later approval request drops it again, never the reverse. On
+an approval request the entry is dropped first, then the approval is sent.
+
+A read that finds a trusted entry returns it without touching the socket (see
+:meth:`Client.read`: a dict lookup and a clock comparison). Otherwise concurrent
+misses on one path share one request, sent with the cached version (if any) so
+an unchanged file costs a not-modified reply and no data.
+
+If the connection breaks (or stops answering pings while requests wait), every
+waiting request fails with :class:`Unavailable`, entries stay trusted until
+their expiry, and a background task reconnects with exponential backoff. The
+server re-sends approval requests we may have missed when we come back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import ssl
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import trio
+
+from fscache import protocol as p
+from fscache.cache import DEFAULT_MAX_BYTES, LeaseCache
+from fscache.errors import (
+    FscacheError,
+    ProtocolError,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    error_for_code,
+)
+from fscache.paths import normalize
+
+log = logging.getLogger("fscache.client")
+
+Opener = Callable[[], Awaitable[trio.abc.Stream]]
+
+DEFAULT_PORT = 7710
+CONNECT_TIMEOUT = 5.0
+RECONNECT_WAIT = 1.0  # a request waits this long for a lost connection to come back
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 2.0
+PING_AFTER = 1.0  # silence while requests wait before we ping
+DEAD_AFTER = 3.0  # silence while requests wait before the connection is given up
+RELINQUISH_BATCH = 256
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StatResult:
+    path: str
+    version: int
+    size: int
+    is_dir: bool
+
+
+@dataclasses.dataclass(eq=False)
+class _Request:
+    """One request waiting for its reply."""
+
+    message: p.Message
+    sent_at: float
+    path: str = ""
+    data: bytes = b""  # a not-modified read: the cached data it confirmed
+    reply: p.Message | None = None
+    error: BaseException | None = None
+    done: trio.Event = dataclasses.field(default_factory=trio.Event)
+
+
+class _Link:
+    """One live connection: its stream, its waiting requests."""
+
+    def __init__(self, stream: trio.abc.Stream, welcome: p.Welcome, cancel: trio.CancelScope):
+        self.stream = stream
+        self.welcome = welcome
+        self.cancel = cancel
+        self.waiting: dict[int, _Request] = {}
+        self.send_lock = trio.StrictFIFOLock()
+        self.last_heard = 0.0
+        self.broken = False
+
+    async def send(self, message: p.Message) -> None:
+        frame = p.encode(message)
+        async with self.send_lock:
+            await self.stream.send_all(frame)
+
+
+class Client:
+    """A caching fscache client. Use :func:`open_client` to get one."""
+
+    def __init__(
+        self,
+        opener: Opener,
+        *,
+        client_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        cache_bytes: int = DEFAULT_MAX_BYTES,
+        skew: float | None = None,
+        address: str = "server",
+    ) -> None:
+        self._opener = opener
+        self.client_id = client_id or uuid.uuid4().hex
+        self._clock = clock
+        self._skew_override = skew
+        self._cache = LeaseCache(skew=skew if skew is not None else 0.1, max_bytes=cache_bytes)
+        self._entries = self._cache.entries  # the hot path reads this directly
+        self.address = address
+        self.epoch: str | None = None
+        self._link: _Link | None = None
+        self._link_changed = trio.Event()
+        self._next_id = 0
+        self._inflight: dict[str, _Request] = {}  # single-flight misses, by path
+        self._to_relinquish: list[str] = []
+        self._relinquish_wake = trio.Event()
+        self._closing = False
+        self._nursery: trio.Nursery | None = None
+        self._counters: dict[str, int] = dict.fromkeys(
+            (
+                "misses", "not_modified", "reads_shared", "writes", "deletes",
+                "approvals", "relinquished", "evictions", "reconnects", "unavailable",
+                "extensions", "stale_extensions",
+            ),
+            0,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------ public API
+    async def read(self, path: str) -> bytes:
+        """The contents of ``path``: from the cache while a lease covers it, else from
+        the server (which grants a new lease)."""
+        entry = self._entries.get(path)
+        if entry is not None and self._clock() < entry.expiry:
+            self._entries.move_to_end(path)
+            self._cache.hits += 1
+            return entry.data
+        return await self._read_miss(path)
+
+    async def write(self, path: str, data: bytes, *, if_version: int | None = None) -> int:
+        """Write ``data`` to ``path`` durably; returns the new version. Waits until every
+        other cache holding ``path`` has approved or its lease has run out."""
+        path = normalize(path)
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(f"data must be bytes, not {type(data).__name__}")
+        data = bytes(data)
+        link = await self._current_link()
+        if len(data) > link.welcome.max_frame - 1024:
+            raise TooLarge(f"{len(data)} bytes is over the server's limit")
+        self._counters["writes"] += 1
+        reply = await self._call(
+            link, lambda i: p.Write(id=i, path=path, data=data, if_version=if_version), path
+        )
+        assert isinstance(reply, p.Written)
+        return reply.version
+
+    async def delete(self, path: str, *, if_version: int | None = None) -> None:
+        path = normalize(path)
+        self._counters["deletes"] += 1
+        link = await self._current_link()
+        await self._call(link, lambda i: p.Delete(id=i, path=path, if_version=if_version), path)
+
+    async def stat(self, path: str) -> StatResult:
+        path = normalize(path, allow_root=True)
+        link = await self._current_link()
+        reply = await self._call(link, lambda i: p.Stat(id=i, path=path))
+        assert isinstance(reply, p.StatResult)
+        return StatResult(path, reply.version, reply.size, reply.is_dir)
+
+    async def listdir(self, path: str = "") -> list[str]:
+        path = normalize(path, allow_root=True)
+        link = await self._current_link()
+        reply = await self._call(link, lambda i: p.ListDir(id=i, path=path))
+        assert isinstance(reply, p.Listing)
+        return reply.names
+
+    async def relinquish(self, *paths: str) -> None:
+        """Drop ``paths`` from the cache and give their leases back to the server."""
+        normal = [normalize(path) for path in paths]
+        for path in normal:
+            self._cache.drop(path)
+        if not normal:
+            return
+        self._counters["relinquished"] += len(normal)
+        link = await self._current_link()
+        await self._call(link, lambda i: p.Relinquish(id=i, paths=normal))
+
+    async def extend(self, *paths: str) -> dict[str, bool]:
+        """Extend the leases of cached ``paths`` in one message; per path, whether the
+        entry was still current (False: it was stale and has been dropped)."""
+        entries = {normalize(path): self._cache.get(normalize(path)) for path in paths}
+        cached = {path: e for path, e in entries.items() if e is not None}
+        result = dict.fromkeys(entries, False)
+        if not cached:
+            return result
+        link = await self._current_link()
+        names = list(cached)
+        request = await self._call_request(
+            link,
+            lambda i: p.Extend(id=i, paths=names, versions=[cached[n].version for n in names]),
+        )
+        reply = request.reply
+        assert isinstance(reply, p.Extended)
+        for name, term in zip(names, reply.terms, strict=False):
+            ok = term is not None and self._cache.extend(
+                name, cached[name].version, term, request.sent_at
+            )
+            self._counters["extensions" if ok else "stale_extensions"] += 1
+            if not ok:
+                self._cache.drop(name)
+            result[name] = ok
+        return result
+
+    async def server_stats(self) -> dict[str, Any]:
+        """The server's counters (what ``fscache stats`` prints)."""
+        link = await self._current_link()
+        reply = await self._call(link, lambda i: p.GetStats(id=i))
+        assert isinstance(reply, p.StatsResult)
+        return reply.counters
+
+    @property
+    def stats(self) -> Mapping[str, int | float]:
+        """Client-side counters: hits, misses, ... (a snapshot)."""
+        hits = self._cache.hits
+        lookups = hits + self._counters["misses"]
+        return {
+            "hits": hits,
+            **self._counters,
+            "evictions": self._cache.evictions,
+            "cached_entries": len(self._cache),
+            "cached_bytes": self._cache.nbytes,
+            "hit_ratio": hits / lookups if lookups else 0.0,
+        }
+
+    @property
+    def connected(self) -> bool:
+        return self._link is not None and not self._link.broken
+
+    # ------------------------------------------------------------ reads
+    async def _read_miss(self, path: str) -> bytes:
+        path = normalize(path)
+        data = self._cache.lookup(path, self._clock())  # the caller may have used another form
+        if data is not None:
+            return data
+        self._counters["misses"] += 1
+        shared = self._inflight.get(path)
+        if shared is not None:
+            self._counters["reads_shared"] += 1
+            await shared.done.wait()
+            return self._read_result(shared)
+        entry = self._cache.get(path)
+        have = entry.version if entry is not None else None
+        request = _Request(p.Read(id=0, path=path, have=have), sent_at=0.0, path=path)
+        self._inflight[path] = request
+        try:
+            link = await self._current_link()
+            await self._send_request(link, request, lambda i: p.Read(id=i, path=path, have=have))
+        except BaseException as exc:
+            request.error = exc
+            request.done.set()
+            raise
+        finally:
+            if self._inflight.get(path) is request:
+                del self._inflight[path]
+        return self._read_result(request)
+
+    def _read_result(self, request: _Request) -> bytes:
+        if request.error is not None:
+            raise _copy_error(request.error)
+        reply = request.reply
+        if isinstance(reply, p.Data):
+            return reply.data
+        assert isinstance(reply, p.NotModified)
+        return request.data
+
+    # ------------------------------------------------------------ requests
+    async def _call(
+        self, link: _Link, make: Callable[[int], p.Message], path: str = ""
+    ) -> p.Message:
+        request = await self._call_request(link, make, path)
+        assert request.reply is not None
+        return request.reply
+
+    async def _call_request(
+        self, link: _Link, make: Callable[[int], p.Message], path: str = ""
+    ) -> _Request:
+        request = _Request(make(0), sent_at=0.0, path=path)
+        await self._send_request(link, request, make)
+        if request.error is not None:
+            raise _copy_error(request.error)
+        return request
+
+    async def _send_request(
+        self, link: _Link, request: _Request, make: Callable[[int], p.Message]
+    ) -> None:
+        """Send, wait for the reply (the reader fills it in), raise the server's error."""
+        self._next_id += 1
+        request_id = self._next_id
+        request.message = make(request_id)
+        request.sent_at = self._clock()
+        if not link.waiting:
+            link.last_heard = request.sent_at  # silence is measured from the first request
+        link.waiting[request_id] = request
+        try:
+            await link.send(request.message)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            link.waiting.pop(request_id, None)
+            self._link_lost(link)
+            raise self._unavailable("connection lost while sending") from exc
+        try:
+            await request.done.wait()
+        finally:
+            link.waiting.pop(request_id, None)
+        if request.error is not None:
+            raise _copy_error(request.error)
+
+    # ------------------------------------------------------------ the reader
+    def _on_message(self, link: _Link, message: p.Message) -> None:
+        """Apply one server frame, in arrival order."""
+        link.last_heard = self._clock()
+        if isinstance(message, p.ApprovalRequest):
+            self._cache.drop(message.path)  # drop first ...
+            self._counters["approvals"] += 1
+            self._nursery_start(self._approve, link, message)  # ... then approve
+            return
+        if isinstance(message, p.Error) and message.id is None:
+            raise error_for_code(message.code, message.message)
+        request_id = getattr(message, "id", None)
+        request = link.waiting.pop(request_id, None) if request_id is not None else None
+        if request is None:
+            return  # a reply nobody waits for any more (ping, cancelled request)
+        if isinstance(message, p.Error):
+            request.error = error_for_code(message.code, message.message)
+        else:
+            request.reply = message
+            self._apply_reply(request, message)
+        request.done.set()
+
+    def _apply_reply(self, request: _Request, reply: p.Message) -> None:
+        """Cache effects of a successful reply (runs in the reader, in order)."""
+        sent = request.message
+        evicted: list[str] = []
+        if isinstance(reply, p.Data):
+            evicted = self._cache.store(
+                request.path, reply.data, reply.version, reply.term, request.sent_at
+            )
+        elif isinstance(reply, p.NotModified):
+            self._counters["not_modified"] += 1
+            entry = self._cache.get(request.path)
+            if entry is not None and entry.version == reply.version:
+                request.data = entry.data
+                self._cache.extend(request.path, reply.version, reply.term, request.sent_at)
+            else:  # cannot happen with a correct server; fail safe rather than guess
+                request.reply = None
+                request.error = ProtocolError("not-modified for a version not cached")
+        elif isinstance(reply, p.Written) and isinstance(sent, p.Write):
+            evicted = self._cache.store(
+                request.path, sent.data, reply.version, reply.term, request.sent_at
+            )
+        elif isinstance(reply, p.Done) and isinstance(sent, p.Delete):
+            self._cache.drop(request.path)
+        if evicted:
+            self._to_relinquish.extend(evicted)
+            self._relinquish_wake.set()
+
+    async def _approve(self, link: _Link, request: p.ApprovalRequest) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await link.send(p.Approve(path=request.path, write=request.write))
+
+    def _nursery_start(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args)
+
+    # ------------------------------------------------------------ connection management
+    async def _connect_once(self) -> tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]:
+        try:
+            with trio.fail_after(CONNECT_TIMEOUT):
+                stream = await self._opener()
+        except trio.TooSlowError:
+            raise self._unavailable("timed out connecting") from None
+        except OSError as exc:
+            from fscache.tls import is_auth_failure
+
+            if is_auth_failure(exc):
+                raise Unauthorized(f"{self.address} refused the TLS handshake: {exc}") from exc
+            raise self._unavailable(f"cannot connect: {exc.strerror or exc}") from None
+        decoder = p.FrameDecoder()
+        try:
+            with trio.fail_after(CONNECT_TIMEOUT):
+                await stream.send_all(
+                    p.encode(p.Hello(version=p.PROTOCOL_VERSION, client_id=self.client_id))
+                )
+                while (message := decoder.next_message()) is None:
+                    data = await stream.receive_some(256 * 1024)
+                    if not data:
+                        raise trio.BrokenResourceError("closed during the handshake")
+                    decoder.feed(data)
+        except BaseException as exc:
+            await trio.aclose_forcefully(stream)
+            if isinstance(exc, trio.TooSlowError):
+                raise self._unavailable("no answer to the handshake") from None
+            if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError | OSError):
+                from fscache.tls import is_auth_failure
+
+                if isinstance(stream, trio.SSLStream) or is_auth_failure(exc):
+                    raise Unauthorized(
+                        f"{self.address} closed the TLS connection during the handshake; "
+                        "it probably refused our client certificate"
+                    ) from exc
+                raise self._unavailable("connection closed during the handshake") from exc
+            raise
+        if isinstance(message, p.Error):
+            raise error_for_code(message.code, f"server refused the connection: {message.message}")
+        if not isinstance(message, p.Welcome):
+            await trio.aclose_forcefully(stream)
+            raise ProtocolError(f"expected welcome, got {message.TYPE}")
+        return stream, message, decoder
+
+    async def _run(self, first: tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]) -> None:
+        """Keep a connection up until closed: serve it, reconnect with backoff."""
+        connection: tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder] | None = first
+        backoff = BACKOFF_FIRST
+        while not self._closing:
+            if connection is None:
+                try:
+                    connection = await self._connect_once()
+                except FscacheError as exc:
+                    log.debug("reconnect to %s failed: %s", self.address, exc)
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX)
+                    continue
+                self._counters["reconnects"] += 1
+            backoff = BACKOFF_FIRST
+            await self._serve_link(*connection)
+            connection = None
+
+    async def _serve_link(
+        self, stream: trio.abc.Stream, welcome: p.Welcome, decoder: p.FrameDecoder
+    ) -> None:
+        with trio.CancelScope() as cancel:
+            link = _Link(stream, welcome, cancel)
+            link.last_heard = self._clock()
+            if self._skew_override is None:
+                self._cache.skew = welcome.skew
+            if self.epoch is not None and self.epoch != welcome.epoch:
+                log.info("server restarted (epoch %s -> %s)", self.epoch, welcome.epoch)
+            self.epoch = welcome.epoch
+            self._set_link(link)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._watchdog, link)
+                    nursery.start_soon(self._relinquisher, link)
+                    for message in decoder:
+                        self._on_message(link, message)
+                    while True:
+                        data = await stream.receive_some(256 * 1024)
+                        if not data:
+                            break
+                        decoder.feed(data)
+                        for message in decoder:
+                            self._on_message(link, message)
+                    cancel.cancel()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                log.debug("connection to %s lost: %s", self.address, exc)
+            except FscacheError as exc:
+                log.warning("connection to %s closed: %s", self.address, exc)
+            finally:
+                self._link_lost(link)
+                await trio.aclose_forcefully(stream)
+
+    async def _watchdog(self, link: _Link) -> None:
+        """Ping while requests wait in silence; give the link up after DEAD_AFTER."""
+        while True:
+            await trio.sleep(PING_AFTER / 2)
+            if not link.waiting:
+                continue
+            silent = self._clock() - link.last_heard
+            if silent >= DEAD_AFTER:
+                log.info("%s silent for %.1f s; reconnecting", self.address, silent)
+                link.cancel.cancel()
+                return
+            if silent >= PING_AFTER:
+                self._next_id += 1
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await link.send(p.Ping(id=self._next_id))
+
+    async def _relinquisher(self, link: _Link) -> None:
+        """Give back the leases of evicted entries, in batches."""
+        while True:
+            await self._relinquish_wake.wait()
+            self._relinquish_wake = trio.Event()
+            while self._to_relinquish:
+                batch = self._to_relinquish[:RELINQUISH_BATCH]
+                del self._to_relinquish[:RELINQUISH_BATCH]
+                batch = [path for path in batch if path not in self._cache]
+                if batch:
+                    self._next_id += 1
+                    await link.send(p.Relinquish(id=self._next_id, paths=batch))
+
+    def _set_link(self, link: _Link) -> None:
+        self._link = link
+        self._link_changed.set()
+        self._link_changed = trio.Event()
+
+    def _link_lost(self, link: _Link) -> None:
+        if link.broken:
+            return
+        link.broken = True
+        link.cancel.cancel()
+        if self._link is link:
+            self._link = None
+        for request in list(link.waiting.values()):
+            if not request.done.is_set():
+                request.error = self._unavailable("connection lost before the reply")
+                request.done.set()
+        link.waiting.clear()
+
+    async def _current_link(self) -> _Link:
+        """The live link; waits up to RECONNECT_WAIT for one, then Unavailable."""
+        if self._closing:
+            raise FscacheError("client is closed")
+        link = self._link
+        if link is not None and not link.broken:
+            return link
+        with trio.move_on_after(RECONNECT_WAIT):
+            while self._link is None or self._link.broken:
+                await self._link_changed.wait()
+            return self._link
+        raise self._unavailable("not connected")
+
+    def _unavailable(self, why: str) -> Unavailable:
+        self._counters["unavailable"] += 1
+        return Unavailable(f"{self.address}: {why}")
+
+    async def aclose(self) -> None:
+        """Say goodbye (the server releases our leases) and close."""
+        if self._closing:
+            return
+        self._closing = True
+        link = self._link
+        self._cache.clear()
+        if link is not None and not link.broken:
+            with trio.move_on_after(1.0), contextlib.suppress(Exception):
+                await link.send(p.Goodbye())
+            link.cancel.cancel()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+
+def _copy_error(error: BaseException) -> BaseException:
+    """A fresh exception of the same kind, so concurrent waiters don't share tracebacks."""
+    if isinstance(error, FscacheError):
+        return type(error)(*error.args)
+    return error
+
+
+def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """``host:port``, ``host``, ``[v6]:port`` -> (host, port); FscacheError if malformed."""
+    text = address.strip()
+    if not text:
+        raise FscacheError("empty address; expected HOST:PORT")
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, ""
+    if not host:
+        raise FscacheError(f"bad address {address!r}: no host")
+    if not port_text:
+        return host, default_port
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise FscacheError(f"bad address {address!r}: port must be 1..65535")
+    return host, int(port_text)
+
+
+def tcp_opener(host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> Opener:
+    async def open_stream() -> trio.abc.Stream:
+        if ssl_context is None:
+            return await trio.open_tcp_stream(host, port)
+        stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
+        await stream.do_handshake()
+        return stream
+
+    return open_stream
+
+
+@contextlib.asynccontextmanager
+async def open_client(
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    *,
+    client_id: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    cache_bytes: int = DEFAULT_MAX_BYTES,
+    clock: Callable[[], float] = time.monotonic,
+    opener: Opener | None = None,
+) -> AsyncIterator[Client]:
+    """Connect to an fscache server; the client is usable inside the ``async with``.
+
+    Raises :class:`Unavailable` if the first connection cannot be made. ``clock`` is
+    the monotonic clock leases are timed on (``trio.current_time`` under a MockClock);
+    ``opener`` replaces TCP with any trio stream (tests use memory streams)."""
+    address = f"{host}:{port}"
+    client = Client(
+        opener or tcp_opener(host, port, ssl_context),
+        client_id=client_id,
+        clock=clock,
+        cache_bytes=cache_bytes,
+        address=address,
+    )
+    first = await client._connect_once()
+    async with trio.open_nursery() as nursery:
+        client._nursery = nursery
+        nursery.start_soon(client._run, first)
+        try:
+            yield client
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+
+
+__all__ = ["Client", "StatResult", "open_client", "parse_address", "tcp_opener"]

@@ -1,0 +1,82 @@
+"""One flat family of exceptions, shared by the client, the server and the wire.
+
+Every error that crosses the wire carries a ``code``; :func:`error_for_code` turns a
+code received from the peer back into the same exception type on the other side.
+"""
+
+from __future__ import annotations
+
+
+class FscacheError(Exception):
+    """Base class of every error fscache raises on purpose."""
+
+    code = "error"
+
+
+class NotFound(FscacheError):
+    """The path does not exist."""
+
+    code = "not_found"
+
+
+class BadPath(FscacheError):
+    """The path is absolute, escapes the root, has a NUL, an empty segment, or is too long."""
+
+    code = "bad_path"
+
+
+class TooLarge(FscacheError):
+    """A frame or a file is larger than the configured maximum."""
+
+    code = "too_large"
+
+
+class Conflict(FscacheError):
+    """A compare-and-set write or delete lost: the file's version was not ``if_version``."""
+
+    code = "conflict"
+
+
+class Unavailable(FscacheError):
+    """The server cannot be reached and no live lease covers the request."""
+
+    code = "unavailable"
+
+
+class Unauthorized(FscacheError):
+    """The peer refused our credentials (TLS) or we refused theirs."""
+
+    code = "unauthorized"
+
+
+class ProtocolError(FscacheError):
+    """A frame or message that does not follow the wire protocol."""
+
+    code = "protocol"
+
+
+class IsADirectory(FscacheError):
+    """The path names a directory where a file was expected (or the reverse)."""
+
+    code = "is_a_directory"
+
+
+_BY_CODE: dict[str, type[FscacheError]] = {
+    cls.code: cls
+    for cls in (
+        FscacheError,
+        NotFound,
+        BadPath,
+        TooLarge,
+        Conflict,
+        Unavailable,
+        Unauthorized,
+        ProtocolError,
+        IsADirectory,
+    )
+}
+
+
+def error_for_code(code: str, message: str) -> FscacheError:
+    """The exception a peer meant by ``code``; unknown codes become a plain FscacheError."""
+    return _BY_CODE.get(code, FscacheError)(message)

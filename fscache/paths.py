@@ -1,0 +1,51 @@
+"""Path rules, shared by client and server.
+
+A path names a file below the server's root. It is relative, uses ``/`` as the
+separator, and after normalisation has no empty, ``.`` or ``..`` segment, no NUL,
+no backslash and no control character. The normal form is what the lease table,
+the cache and the store key on, so ``a//b``, ``./a/b`` and ``a/b/`` are one file.
+The empty path (or ``.``) names the root itself and is allowed only where a
+directory is meant (``allow_root=True``).
+"""
+
+from __future__ import annotations
+
+from fscache.errors import BadPath
+
+MAX_PATH_BYTES = 1024  # whole path, UTF-8
+MAX_SEGMENT_BYTES = 255  # one name, as most file systems allow
+RESERVED_PREFIX = ".fscache"  # the store's own files (temp files) live under this name
+
+
+def normalize(path: object, *, allow_root: bool = False) -> str:
+    """The normal form of ``path``, or :class:`BadPath` saying what is wrong with it."""
+    if not isinstance(path, str):
+        raise BadPath(f"path must be a string, not {type(path).__name__}")
+    if "\x00" in path:
+        raise BadPath("path contains a NUL byte")
+    if path.startswith("/"):
+        raise BadPath(f"path must be relative to the root: {path!r}")
+    if "\\" in path:
+        raise BadPath(f"path must use '/' as separator: {path!r}")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
+        raise BadPath(f"path contains a control character: {path!r}")
+    try:
+        encoded_length = len(path.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadPath(f"path is not valid Unicode: {path!r}") from None
+    if encoded_length > MAX_PATH_BYTES:
+        raise BadPath(f"path is longer than {MAX_PATH_BYTES} bytes")
+    segments = []
+    for segment in path.split("/"):
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            raise BadPath(f"path must not contain '..': {path!r}")
+        if len(segment.encode("utf-8")) > MAX_SEGMENT_BYTES:
+            raise BadPath(f"path segment is longer than {MAX_SEGMENT_BYTES} bytes")
+        if segment.startswith(RESERVED_PREFIX):
+            raise BadPath(f"names starting with {RESERVED_PREFIX!r} are reserved")
+        segments.append(segment)
+    if not segments and not allow_root:
+        raise BadPath("path is empty")
+    return "/".join(segments)

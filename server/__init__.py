@@ -1,0 +1,1 @@
+"""The fscache server: listener, connections, the durable store and the lease driver."""

@@ -1,0 +1,638 @@
+"""The trio server: listener, connections, and the driver of the lease table.
+
+Theory of operation
+-------------------
+One :class:`FileService` owns the :class:`~fscache.leases.LeaseTable` (the rules)
+and the :class:`~fscache.server.store.Store` (the bytes). Every connection task
+decodes frames and hands each request to the service *synchronously*: the lease
+table is called with ``trio.current_time()`` and the effects it returns are
+carried out at once, in order, by :meth:`FileService._execute`. Replies are put
+in the connection's :class:`Outbox`, which one sender task per connection drains
+in order. So a read's reply is always queued before any approval request that a
+later write causes for the same holder -- the race "approval overtakes a grant
+in flight" cannot happen on one connection.
+
+The only awaits between an event and its effects are the durable writes, which
+run in a worker thread (fsync) while the path stays blocked in the table; their
+completion is fed back through :meth:`LeaseTable.write_done`. A timer task
+sleeps until :meth:`LeaseTable.next_deadline` and calls ``tick``.
+
+A client that stops reading cannot stall anyone else: each connection has its
+own sender task, and once its unsent replies exceed ``max_outbox`` bytes the
+connection is dropped (its leases are then waited out, like a crashed client's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import secrets
+import ssl
+from collections import deque
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import trio
+
+from fscache import protocol as p
+from fscache.errors import FscacheError, ProtocolError, TooLarge
+from fscache.leases import (
+    DEFAULT_SKEW,
+    DEFAULT_TERM,
+    AdaptiveTermPolicy,
+    ApplyWrite,
+    Discarded,
+    Effect,
+    Grant,
+    HolderId,
+    LeaseTable,
+    OpId,
+    SendApprovalRequest,
+    TermPolicy,
+    WriteCommitted,
+)
+from fscache.paths import normalize
+from fscache.server.store import Store
+
+log = logging.getLogger("fscache.server")
+
+HANDSHAKE_TIMEOUT = 10.0  # a peer that connects and says nothing is dropped after this
+DEFAULT_MAX_OUTBOX = 32 * 1024 * 1024  # unsent bytes per connection before it is dropped
+RECEIVE_SIZE = 256 * 1024
+STATE_DIR = ".fscache"  # reserved name: clients cannot reach it
+INCARNATION_FILE = "incarnation.json"
+CLEAN_FILE = "clean-shutdown"
+
+
+@dataclasses.dataclass
+class ServerSettings:
+    root: str
+    host: str = "127.0.0.1"
+    port: int = 7710
+    term: float = DEFAULT_TERM
+    skew: float = DEFAULT_SKEW
+    hot_writes: int = 3  # writes within one term that make a file write-shared (term 0)
+    max_frame: int = p.DEFAULT_MAX_FRAME
+    max_outbox: int = DEFAULT_MAX_OUTBOX
+    tls_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("term", "skew"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise FscacheError(f"--{name} must be a finite number >= 0, not {value!r}")
+        if not 0 <= self.port <= 65535:
+            raise FscacheError(f"--port must be 0..65535, not {self.port}")
+        if self.max_frame < 1024:
+            raise FscacheError("max_frame must be at least 1024 bytes")
+
+    @property
+    def max_file_size(self) -> int:
+        return self.max_frame - 1024  # room for the reply's other fields
+
+
+# ---------------------------------------------------------------- restart window
+def begin_incarnation(root: str, max_term: float, skew: float) -> float:
+    """Record this incarnation and return how long writes must be held back (seconds).
+
+    A fresh root (never served) and a root whose last server shut down cleanly with
+    no live leases need no window. Otherwise leases granted by the previous
+    incarnation may still be live: hold writes for the larger of its and our
+    ``max_term + skew``.
+    """
+    state = os.path.join(root, STATE_DIR)
+    previous: dict[str, Any] | None = None
+    window = 0.0
+    if os.path.isdir(state):
+        try:
+            with open(os.path.join(state, INCARNATION_FILE)) as f:
+                previous = json.load(f)
+        except (OSError, ValueError):
+            previous = None
+        clean = os.path.join(state, CLEAN_FILE)
+        if os.path.exists(clean):
+            os.unlink(clean)
+        else:
+            prev_hold = 0.0
+            if previous is not None:
+                prev_hold = float(previous.get("max_term", 0)) + float(previous.get("skew", 0))
+            window = max(prev_hold, max_term + skew)
+    else:
+        os.mkdir(state, 0o700)
+    _write_durably(state, INCARNATION_FILE, json.dumps({"max_term": max_term, "skew": skew}))
+    return window
+
+
+def end_incarnation_cleanly(root: str) -> None:
+    """No lease of ours is live: the next incarnation needs no restart window."""
+    _write_durably(os.path.join(root, STATE_DIR), CLEAN_FILE, "")
+
+
+def _write_durably(directory: str, name: str, text: str) -> None:
+    temp = os.path.join(directory, name + ".tmp")
+    with open(temp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, os.path.join(directory, name))
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- per-connection outbox
+class Outbox:
+    """Frames waiting to be sent on one connection, in order, bounded in bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._frames: deque[bytes] = deque()
+        self.nbytes = 0
+        self._ready = trio.Event()
+        self.closed = False
+
+    def put(self, frame: bytes) -> bool:
+        """Queue ``frame``; False if the peer is too far behind (the caller drops it)."""
+        if self.closed:
+            return True
+        self._frames.append(frame)
+        self.nbytes += len(frame)
+        self._ready.set()
+        return self.nbytes <= self.limit
+
+    async def take(self) -> bytes:
+        """Everything queued, joined into one buffer (one send for many replies)."""
+        while not self._frames:
+            if self.closed:
+                raise trio.ClosedResourceError
+            await self._ready.wait()
+            self._ready = trio.Event()
+        data = b"".join(self._frames)
+        self._frames.clear()
+        self.nbytes = 0
+        return data
+
+    def close(self) -> None:
+        self.closed = True
+        self._ready.set()
+
+
+@dataclasses.dataclass(eq=False)
+class Connection:
+    holder: HolderId
+    outbox: Outbox
+    cancel: trio.CancelScope
+    peer: str
+    counters: dict[str, int]
+    goodbye: bool = False
+    alive: bool = True
+
+    def send(self, message: p.Message) -> None:
+        if not self.alive:
+            return
+        self.counters["messages_out"] += 1
+        if not self.outbox.put(p.encode(message)):
+            log.warning("%s is not reading its replies; dropping the connection", self.peer)
+            self.alive = False
+            self.cancel.cancel()
+
+
+@dataclasses.dataclass(eq=False)
+class _Pending:
+    """A request the lease table is holding (queued read, waiting or applying write)."""
+
+    connection: Connection
+    request: p.Read | p.Write | p.Delete
+    version: int = 0
+
+
+# ---------------------------------------------------------------- the service
+class FileService:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        *,
+        policy: TermPolicy | None = None,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.store = Store(settings.root, max_file_size=settings.max_file_size)
+        self.policy = policy or AdaptiveTermPolicy(
+            default=settings.term, hot_writes=settings.hot_writes, window=max(settings.term, 1.0)
+        )
+        self.epoch = secrets.token_hex(8)
+        self.started_at = clock()
+        self.restart_window = begin_incarnation(settings.root, self.policy.max_term, settings.skew)
+        self.table = LeaseTable(
+            self.policy, skew=settings.skew, hold_writes_until=self.started_at + self.restart_window
+        )
+        self.connections: dict[HolderId, Connection] = {}
+        self._pending: dict[OpId, _Pending] = {}
+        self._next_op = 0
+        self._nursery: trio.Nursery | None = None
+        self._timer_wake = trio.Event()
+        self._timer_at = math.inf
+        self.counters: dict[str, int] = dict.fromkeys(
+            (
+                "reads", "reads_not_modified", "writes", "deletes", "writes_applied",
+                "extend_requests", "extend_paths", "approvals_received", "relinquish_requests",
+                "stats_requests", "pings", "messages_in", "messages_out", "errors",
+                "connections_total", "connections_dropped", "protocol_errors",
+            ),
+            0,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------ running
+    async def run(self, *, task_status: trio.TaskStatus[list[trio.SocketListener]]) -> None:
+        """Listen and serve until cancelled. ``task_status.started`` gets the listeners."""
+        s = self.settings
+        listeners = await trio.open_tcp_listeners(s.port, host=s.host)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._run_timer)
+            ssl_context = None
+            if s.tls_dir is not None:
+                from fscache.tls import server_context
+
+                ssl_context = server_context(s.tls_dir)
+            nursery.start_soon(self._accept, listeners, ssl_context)
+            task_status.started(listeners)
+
+    async def _accept(
+        self, listeners: list[trio.SocketListener], ssl_context: ssl.SSLContext | None
+    ) -> None:
+        async def handler(stream: trio.SocketStream) -> None:
+            if ssl_context is None:
+                await self.serve_stream(stream)
+            else:
+                await self.serve_stream(trio.SSLStream(stream, ssl_context, server_side=True))
+
+        await trio.serve_listeners(handler, listeners)
+
+    async def _run_timer(self) -> None:
+        while True:
+            deadline = self.table.next_deadline()
+            self._timer_at = math.inf if deadline is None else deadline
+            with trio.move_on_at(self._timer_at):
+                await self._timer_wake.wait()
+            self._timer_wake = trio.Event()
+            self._execute(self.table.tick(self.clock()))
+
+    def _deadline_may_have_moved(self) -> None:
+        deadline = self.table.next_deadline()
+        if deadline is not None and deadline < self._timer_at:
+            self._timer_at = deadline
+            self._timer_wake.set()
+
+    # ------------------------------------------------------------ one connection
+    async def serve_stream(self, stream: trio.abc.Stream) -> None:
+        """Serve one client connection until it closes. Never raises."""
+        peer = _peer_name(stream)
+        self.counters["connections_total"] += 1
+        decoder = p.FrameDecoder(self.settings.max_frame)
+        try:
+            async with stream:
+                hello = await self._handshake(stream, decoder, peer)
+                if hello is None:
+                    return
+                await self._serve_client(stream, decoder, hello, peer)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.debug("%s: connection lost: %s", peer, exc)
+        except Exception:  # a bug must cost one connection, never the server
+            log.exception("%s: internal error; connection closed", peer)
+
+    async def _handshake(
+        self, stream: trio.abc.Stream, decoder: p.FrameDecoder, peer: str
+    ) -> p.Hello | None:
+        with trio.move_on_after(HANDSHAKE_TIMEOUT):
+            try:
+                while (message := decoder.next_message()) is None:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                    if not data:
+                        return None
+                    decoder.feed(data)
+                if not isinstance(message, p.Hello):
+                    raise ProtocolError(f"expected hello, got {message.TYPE}")
+                if message.version != p.PROTOCOL_VERSION:
+                    raise ProtocolError(
+                        f"protocol version {message.version} is not supported "
+                        f"(this server speaks {p.PROTOCOL_VERSION})"
+                    )
+                if not message.client_id or len(message.client_id) > 256:
+                    raise ProtocolError("client_id must be 1..256 characters")
+            except FscacheError as exc:
+                self.counters["protocol_errors"] += 1
+                await _send_quietly(stream, p.Error(id=None, code=exc.code, message=str(exc)))
+                return None
+            welcome = p.Welcome(
+                version=p.PROTOCOL_VERSION,
+                epoch=self.epoch,
+                term=self.policy.max_term,
+                skew=self.settings.skew,
+                max_frame=self.settings.max_frame,
+            )
+            await stream.send_all(p.encode(welcome))
+            return message
+        log.info("%s: no hello within %s s; closed", peer, HANDSHAKE_TIMEOUT)
+        return None
+
+    async def _serve_client(
+        self, stream: trio.abc.Stream, decoder: p.FrameDecoder, hello: p.Hello, peer: str
+    ) -> None:
+        holder = HolderId(hello.client_id)
+        outbox = Outbox(self.settings.max_outbox)
+        with trio.CancelScope() as cancel:
+            connection = Connection(holder, outbox, cancel, peer, self.counters)
+            previous = self.connections.get(holder)
+            if previous is not None:  # the same client reconnected: the old link is dead
+                previous.alive = False
+                previous.cancel.cancel()
+            self.connections[holder] = connection
+            log.info("%s: client %s connected", peer, holder)
+            try:
+                self._execute(self.table.connected(holder, self.clock()))
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._send_loop, stream, outbox, cancel)
+                    await self._receive_loop(stream, decoder, connection)
+                    outbox.close()  # flush what is queued, then the sender ends
+            finally:
+                connection.alive = False
+                outbox.close()
+                if self.connections.get(holder) is connection:
+                    del self.connections[holder]
+                    self._execute(
+                        self.table.disconnected(
+                            holder, goodbye=connection.goodbye, now=self.clock()
+                        )
+                    )
+                log.info(
+                    "%s: client %s %s", peer, holder,
+                    "said goodbye" if connection.goodbye else "disconnected",
+                )  # fmt: skip
+        if cancel.cancelled_caught:
+            self.counters["connections_dropped"] += 1
+
+    async def _send_loop(
+        self, stream: trio.abc.Stream, outbox: Outbox, cancel: trio.CancelScope
+    ) -> None:
+        try:
+            while True:
+                await stream.send_all(await outbox.take())
+        except trio.ClosedResourceError:
+            return
+        except (trio.BrokenResourceError, OSError):
+            cancel.cancel()
+
+    async def _receive_loop(
+        self, stream: trio.abc.Stream, decoder: p.FrameDecoder, connection: Connection
+    ) -> None:
+        for message in decoder:  # frames that came with the hello
+            self._dispatch(connection, message)
+        while not connection.goodbye:
+            data = await stream.receive_some(RECEIVE_SIZE)
+            if not data:
+                return
+            decoder.feed(data)
+            try:
+                for message in decoder:
+                    self._dispatch(connection, message)
+                    if connection.goodbye:
+                        return
+            except (ProtocolError, TooLarge) as exc:
+                self.counters["protocol_errors"] += 1
+                log.info("%s: %s; closing", connection.peer, exc)
+                connection.send(p.Error(id=None, code=exc.code, message=str(exc)))
+                return
+
+    # ------------------------------------------------------------ requests
+    def _dispatch(self, connection: Connection, message: p.Message) -> None:
+        self.counters["messages_in"] += 1
+        handler = self._handlers.get(type(message))
+        request_id = getattr(message, "id", None)
+        if handler is None:
+            raise ProtocolError(f"{message.TYPE} is not a request a client may send")
+        try:
+            handler(self, connection, message)
+        except FscacheError as exc:
+            self.counters["errors"] += 1
+            if request_id is None:
+                raise ProtocolError(str(exc)) from None
+            connection.send(p.Error(id=request_id, code=exc.code, message=str(exc)))
+
+    def _new_op(self, connection: Connection, request: p.Read | p.Write | p.Delete) -> OpId:
+        self._next_op += 1
+        op = OpId(self._next_op)
+        self._pending[op] = _Pending(connection, request)
+        return op
+
+    def _on_read(self, connection: Connection, message: p.Read) -> None:
+        self.counters["reads"] += 1
+        path = normalize(message.path)
+        message = dataclasses.replace(message, path=path)
+        op = self._new_op(connection, message)
+        self._execute(self.table.read(op, connection.holder, path, self.clock()))
+
+    def _on_write(self, connection: Connection, message: p.Write | p.Delete) -> None:
+        self.counters["writes" if isinstance(message, p.Write) else "deletes"] += 1
+        path = normalize(message.path)
+        if isinstance(message, p.Write) and len(message.data) > self.settings.max_file_size:
+            raise TooLarge(
+                f"{len(message.data)} bytes is over the limit of {self.settings.max_file_size}"
+            )
+        message = dataclasses.replace(message, path=path)
+        op = self._new_op(connection, message)
+        self._execute(self.table.write(op, connection.holder, path, self.clock()))
+
+    def _on_stat(self, connection: Connection, message: p.Stat) -> None:
+        version, size, is_dir = self.store.stat(normalize(message.path, allow_root=True))
+        connection.send(p.StatResult(id=message.id, version=version, size=size, is_dir=is_dir))
+
+    def _on_listdir(self, connection: Connection, message: p.ListDir) -> None:
+        names = self.store.listdir(normalize(message.path, allow_root=True))
+        connection.send(p.Listing(id=message.id, names=names))
+
+    def _on_relinquish(self, connection: Connection, message: p.Relinquish) -> None:
+        self.counters["relinquish_requests"] += 1
+        paths = [normalize(path) for path in message.paths]
+        self._execute(self.table.relinquish(connection.holder, paths, self.clock()))
+        connection.send(p.Done(id=message.id))
+
+    def _on_extend(self, connection: Connection, message: p.Extend) -> None:
+        if len(message.paths) != len(message.versions):
+            raise ProtocolError("extend: paths and versions differ in length")
+        self.counters["extend_requests"] += 1
+        self.counters["extend_paths"] += len(message.paths)
+        items = []
+        for path, version in zip(message.paths, message.versions, strict=True):
+            path = normalize(path)
+            try:
+                current = self.store.stat(path)[0] == version
+            except FscacheError:
+                current = False
+            items.append((path, current))
+        terms = self.table.extend(connection.holder, items, self.clock())
+        self._deadline_may_have_moved()
+        connection.send(p.Extended(id=message.id, terms=terms))
+
+    def _on_approve(self, connection: Connection, message: p.Approve) -> None:
+        self.counters["approvals_received"] += 1
+        path = normalize(message.path)
+        effects = self.table.approve(connection.holder, path, OpId(message.write), self.clock())
+        self._execute(effects)
+
+    def _on_stats(self, connection: Connection, message: p.GetStats) -> None:
+        self.counters["stats_requests"] += 1
+        connection.send(p.StatsResult(id=message.id, counters=self.stats()))
+
+    def _on_ping(self, connection: Connection, message: p.Ping) -> None:
+        self.counters["pings"] += 1
+        connection.send(p.Done(id=message.id))
+
+    def _on_goodbye(self, connection: Connection, message: p.Goodbye) -> None:
+        connection.goodbye = True
+
+    _handlers: ClassVar[dict[type[p.Message], Callable[[Any, Connection, Any], None]]] = {
+        p.Read: _on_read,
+        p.Write: _on_write,
+        p.Delete: _on_write,
+        p.Stat: _on_stat,
+        p.ListDir: _on_listdir,
+        p.Relinquish: _on_relinquish,
+        p.Extend: _on_extend,
+        p.Approve: _on_approve,
+        p.GetStats: _on_stats,
+        p.Ping: _on_ping,
+        p.Goodbye: _on_goodbye,
+    }
+
+    # ------------------------------------------------------------ effects
+    def _execute(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Grant):
+                self._serve_read(effect)
+            elif isinstance(effect, SendApprovalRequest):
+                connection = self.connections.get(effect.holder)
+                if connection is not None:
+                    connection.send(p.ApprovalRequest(path=effect.path, write=effect.write))
+            elif isinstance(effect, ApplyWrite):
+                assert self._nursery is not None
+                self._nursery.start_soon(self._apply_write, effect)
+            elif isinstance(effect, WriteCommitted):
+                pending = self._pending.pop(effect.op)
+                pending.connection.send(
+                    p.Written(id=pending.request.id, version=pending.version, term=effect.term)
+                )
+            elif isinstance(effect, Discarded):
+                self._pending.pop(effect.op, None)
+        if effects:
+            self._deadline_may_have_moved()
+
+    def _serve_read(self, grant: Grant) -> None:
+        pending = self._pending.pop(grant.op)
+        request = pending.request
+        assert isinstance(request, p.Read)
+        try:
+            version, data = self.store.read(grant.path)
+        except FscacheError as exc:
+            self.counters["errors"] += 1
+            pending.connection.send(p.Error(id=request.id, code=exc.code, message=str(exc)))
+            if grant.term > 0:  # no file, no lease
+                self._execute(self.table.relinquish(grant.holder, [grant.path], self.clock()))
+            return
+        if request.have == version:
+            self.counters["reads_not_modified"] += 1
+            pending.connection.send(p.NotModified(id=request.id, version=version, term=grant.term))
+        else:
+            pending.connection.send(
+                p.Data(id=request.id, version=version, term=grant.term, data=data)
+            )
+
+    async def _apply_write(self, effect: ApplyWrite) -> None:
+        pending = self._pending[effect.op]
+        request = pending.request
+        ok = False
+        try:
+            if isinstance(request, p.Write):
+                pending.version = await trio.to_thread.run_sync(
+                    self.store.write, effect.path, request.data, request.if_version
+                )
+            else:
+                assert isinstance(request, p.Delete)
+                await trio.to_thread.run_sync(self.store.delete, effect.path, request.if_version)
+            ok = True
+        except FscacheError as exc:
+            self.counters["errors"] += 1
+            pending.connection.send(p.Error(id=request.id, code=exc.code, message=str(exc)))
+        except Exception as exc:
+            log.exception("write of %s failed", effect.path)
+            pending.connection.send(p.Error(id=request.id, code="error", message=str(exc)))
+        finally:
+            if ok:
+                self.counters["writes_applied"] += 1
+            else:
+                self._pending.pop(effect.op, None)
+            with trio.CancelScope(shield=True):
+                self._execute(self.table.write_done(effect.op, self.clock(), ok=ok))
+
+    # ------------------------------------------------------------ counters
+    def stats(self) -> dict[str, Any]:
+        now = self.clock()
+        table = self.table
+        return {
+            **self.counters,
+            "leases_granted": table.leases_granted,
+            "leases_active": table.live_leases(now),
+            "approvals_sent": table.approvals_sent,
+            "writes_delayed": table.writes_delayed,
+            "writes_pending": table.pending_writes(),
+            "connections": len(self.connections),
+            "uptime_s": round(now - self.started_at, 3),
+            "epoch": self.epoch,
+            "term": self.policy.max_term,
+            "skew": self.settings.skew,
+            "restart_window_s": round(max(0.0, table.hold_writes_until - now), 3),
+        }
+
+    def shutdown(self) -> None:
+        """Called on a clean stop: if no lease is live, the next start needs no window."""
+        if self.table.live_leases(self.clock()) == 0 and not self._pending:
+            end_incarnation_cleanly(self.settings.root)
+
+
+def _peer_name(stream: trio.abc.Stream) -> str:
+    inner: Any = stream
+    while hasattr(inner, "transport_stream"):
+        inner = inner.transport_stream
+    try:
+        host, port = inner.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except (AttributeError, OSError, ValueError):
+        return "peer"
+
+
+async def _send_quietly(stream: trio.abc.Stream, message: p.Message) -> None:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await stream.send_all(p.encode(message))
+
+
+async def serve(
+    settings: ServerSettings,
+    *,
+    policy: TermPolicy | None = None,
+    task_status: trio.TaskStatus[FileService] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a server until cancelled; ``await nursery.start(serve, settings)`` returns the
+    :class:`FileService`, whose ``port`` attribute is the bound port (port 0 works)."""
+    service = FileService(settings, policy=policy)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(service.run)
+        service.port = listeners[0].socket.getsockname()[1]  # type: ignore[attr-defined]
+        task_status.started(service)
+    # unreachable until cancelled; the caller's cancel ends the nursery above

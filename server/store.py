@@ -1,0 +1,487 @@
+"""The durable store: the server's directory tree, one plain file per fscache file.
+
+Theory of operation
+===================
+
+Layout.  The file ``a/b`` lives at ``<root>/a/b`` and holds exactly its contents:
+no side files, no database.  Its version is the file's own ``st_mtime_ns``, so data
+and version live in one inode and can never disagree.  The store's private files
+use names starting with :data:`fscache.paths.RESERVED_PREFIX`, which clients can
+never name; :meth:`Store.listdir` hides them.
+
+Writes (DESIGN.md guarantee 3: "every acknowledged write, no torn file").
+:meth:`Store.write` never modifies a file in place.  It
+
+1. creates ``.fscache-tmp-<random hex>`` in the *same directory* as the target
+   (``O_CREAT | O_EXCL``; same directory means same file system, so step 4 is a
+   rename, never a copy), creating missing parent directories first and fsyncing
+   the parent of each directory it creates, so the new entries are durable too;
+2. writes all the data, then stamps the new version with ``os.utime`` (after the
+   data, so no later write can move the mtime);
+3. ``fsync``\\s the temp file: its data *and* its inode, mtime included, are on disk;
+4. ``os.replace``\\s it onto the target: rename is atomic, so every observer (and
+   the file system after any crash) sees either the whole old inode or the whole
+   new one, never a mix;
+5. ``fsync``\\s the directory, making the rename itself durable;
+
+and only then returns, i.e. only then may the server acknowledge.  After a SIGKILL
+at any instant the kernel still holds (and eventually writes) everything the
+process did, so each path holds either its last acknowledged contents or those of a
+write that was in flight, each complete; an unfinished write leaves at most a temp
+file, which :meth:`Store.recover` deletes at the next start.  After a power loss the
+fsyncs give the same result, provided the disk and the file system honour fsync.
+Deletes are ``unlink`` followed by an fsync of the directory.
+
+Reads.  :meth:`Store.read` is open, fstat, read, close on one file descriptor.  The
+descriptor pins one inode, and inodes are never written after their rename, so the
+version (``fstat().st_mtime_ns``) and the data always belong together, even if a
+write replaces the file mid-read.  No lock, no thread: it is the server's hot path.
+
+Versions.  A write sets the new file's mtime to
+``max(time.time_ns(), old + 1, floor + 1)``, where ``old`` is the version being
+replaced (0 if none) and ``floor`` is the last version of the path if this store
+deleted it (kept in memory, per path).  So versions strictly increase per path
+across writes, across delete-and-recreate, and across restarts (the version is in
+the inode), and a version never names two different contents of one path.  On a
+file system with coarse timestamps the store reads the stamp back and moves it
+forward until it really is larger than ``old`` and ``floor``.  Limits:
+
+* A file created, edited or replaced by another program simply gets a new version
+  (the kernel sets its mtime to "now").  A program that *sets* mtimes (``touch -d``,
+  ``cp -p``, ``rsync -t``, ``tar -x``) can make a version go backwards or repeat.
+* ``floor`` is not persisted: delete, restart, then recreate may reuse an old
+  version only if the wall clock now reads earlier than the deleted version did.
+  The same holds for floors dropped from memory (see ``_FLOOR_KEEP_NS``).
+* One :class:`Store` per root.  Writes and deletes are serialised per path inside
+  one instance (so ``if_version`` compare-and-set is atomic there), not between
+  processes.
+* Versions look like wall-clock times but are only identifiers to compare for
+  one path; nothing may use them as time (leases never do).
+
+Paths.  Callers pass paths already normalised by :func:`fscache.paths.normalize`.
+The store still resolves every path with ``os.path.realpath`` and refuses
+(:class:`~fscache.errors.BadPath`) any path that ends up outside the root or on a
+reserved name.  Symlinks inside the root that stay inside the root act as aliases
+(a write through one replaces the file it points to).  The check is not proof
+against another local program swapping directories for symlinks between the check
+and the open (the final component is opened with ``O_NOFOLLOW``); the root is
+meant to belong to the server alone.
+
+Errors.  Every ``OSError`` becomes an :class:`~fscache.errors.FscacheError`
+subclass with a message naming the path.  Only programming errors (wrong argument
+types, ``ValueError``/``TypeError``) and ``MemoryError`` escape untranslated.  A
+write or delete that raises may or may not have taken effect (e.g. the directory
+fsync failed after the rename), as with any storage system; it was not acknowledged.
+
+Threads.  ``write``, ``delete`` and ``recover`` block on disk; the server calls
+``write`` and ``delete`` through ``trio.to_thread.run_sync`` and may call them from
+several threads at once.  ``read``, ``stat`` and ``listdir`` take no lock.  Call
+``recover`` only while no write is in flight (it runs in ``__init__``).  POSIX only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat as stat_mod
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from time import time_ns
+
+from fscache.errors import BadPath, Conflict, FscacheError, IsADirectory, NotFound, TooLarge
+from fscache.paths import RESERVED_PREFIX
+
+__all__ = ["TEMP_PREFIX", "Store"]
+
+TEMP_PREFIX = RESERVED_PREFIX + "-tmp-"
+"""Name prefix of the store's temp files; anything with it is garbage after a crash."""
+
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK: FIFOs
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+_DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY
+
+_FLOOR_KEEP_NS = 3600 * 10**9
+"""Floors older than this (by the wall clock) may be dropped once there are many."""
+_FLOOR_PRUNE_MIN = 10_000
+_MAX_STAMP_TRIES = 80
+
+
+class _PathLock:
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+
+
+class Store:
+    """The directory tree under ``root``, with versions and crash-safe writes."""
+
+    def __init__(self, root: str | os.PathLike[str], *, max_file_size: int) -> None:
+        if max_file_size < 0:
+            raise FscacheError(f"max_file_size must be >= 0, not {max_file_size}")
+        shown = os.fspath(root)
+        try:
+            real = os.path.realpath(shown)
+            mode = os.stat(real).st_mode
+        except FileNotFoundError:
+            raise FscacheError(f"store root {shown!r} does not exist") from None
+        except (OSError, ValueError) as exc:
+            raise FscacheError(f"store root {shown!r} is not usable: {exc}") from None
+        if not stat_mod.S_ISDIR(mode):
+            raise FscacheError(f"store root {shown!r} is not a directory")
+        self.root: str = real
+        self.max_file_size: int = max_file_size
+        self._prefix = real if real.endswith(os.sep) else real + os.sep
+        self._mutex = threading.Lock()  # guards _locks and _floors
+        self._locks: dict[str, _PathLock] = {}
+        self._floors: dict[str, int] = {}
+        self._prune_at = _FLOOR_PRUNE_MIN
+        self.recover()
+
+    # ------------------------------------------------------------------ public
+
+    def recover(self) -> int:
+        """Delete temp files left by a crash anywhere under the root; return how many.
+
+        Only safe while no write is in flight (a live write's temp file would go too).
+        """
+        removed = 0
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames[:] = [d for d in dirnames if not d.startswith(RESERVED_PREFIX)]
+            for name in filenames:
+                if not name.startswith(TEMP_PREFIX):
+                    continue
+                try:
+                    os.unlink(os.path.join(dirpath, name))
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise FscacheError(
+                        f"cannot remove leftover temp file {os.path.join(dirpath, name)!r}: "
+                        f"{exc.strerror or exc}"
+                    ) from exc
+                removed += 1
+        return removed
+
+    def read(self, path: str) -> tuple[int, bytes]:
+        """``(version, data)`` of the file at ``path``, both from one open descriptor."""
+        full = self._resolve(path)
+        try:
+            fd = os.open(full, _READ_FLAGS)
+        except OSError as exc:
+            raise _translate(exc, "read", path) from None
+        try:
+            st = os.fstat(fd)
+            if not stat_mod.S_ISREG(st.st_mode):
+                if stat_mod.S_ISDIR(st.st_mode):
+                    raise IsADirectory(f"cannot read {path!r}: it is a directory")
+                raise FscacheError(f"cannot read {path!r}: not a regular file")
+            size = st.st_size
+            if size > self.max_file_size:
+                raise TooLarge(
+                    f"cannot read {path!r}: {size} bytes is more than the "
+                    f"maximum file size of {self.max_file_size}"
+                )
+            data = os.read(fd, size)
+            if len(data) < size:
+                data = _read_rest(fd, data, size)
+            return st.st_mtime_ns, data
+        except OSError as exc:
+            raise _translate(exc, "read", path) from None
+        finally:
+            os.close(fd)
+
+    def stat(self, path: str) -> tuple[int, int, bool]:
+        """``(version, size, is_dir)``; a directory's version is its mtime, its size 0."""
+        full = self._resolve(path)
+        try:
+            st = os.stat(full)
+        except OSError as exc:
+            raise _translate(exc, "stat", path) from None
+        if stat_mod.S_ISDIR(st.st_mode):
+            return st.st_mtime_ns, 0, True
+        if stat_mod.S_ISREG(st.st_mode):
+            return st.st_mtime_ns, st.st_size, False
+        raise FscacheError(f"cannot stat {path!r}: not a regular file or directory")
+
+    def write(self, path: str, data: bytes, if_version: int | None = None) -> int:
+        """Durably replace the file at ``path`` with ``data``; return the new version.
+
+        With ``if_version`` set, write only if the current version equals it (an
+        absent file has version 0), else raise :class:`Conflict` and change nothing.
+        Returns only after data, version and directory entry are on disk.
+        """
+        if len(data) > self.max_file_size:
+            raise TooLarge(
+                f"cannot write {path!r}: {len(data)} bytes is more than the "
+                f"maximum file size of {self.max_file_size}"
+            )
+        full = self._resolve(path)
+        if full == self.root:
+            raise IsADirectory("cannot write the root: it is a directory")
+        with self._locked(full):
+            old = self._version_for_write(full, path)
+            if if_version is not None and if_version != old:
+                raise Conflict(f"cannot write {path!r}: its version is {old}, not {if_version}")
+            with self._mutex:
+                floor = self._floors.get(full, 0)
+            parent = os.path.dirname(full)
+            tmp, fd = self._open_temp(parent, path)
+            try:
+                try:
+                    _write_all(fd, data)
+                    version = _stamp(fd, max(old, floor) + 1)
+                    os.fsync(fd)  # data and inode (the new mtime) in one go
+                finally:
+                    os.close(fd)
+                os.replace(tmp, full)
+            except BaseException as exc:
+                _unlink_quietly(tmp)
+                if isinstance(exc, OSError):
+                    raise _translate(exc, "write", path) from None
+                raise
+            with self._mutex:
+                self._floors.pop(full, None)
+            try:
+                _fsync_dir(parent)
+            except OSError as exc:
+                raise _translate(exc, "write", path) from None
+            return version
+
+    def delete(self, path: str, if_version: int | None = None) -> None:
+        """Durably remove the file at ``path``.
+
+        :class:`NotFound` if it does not exist (whatever ``if_version`` says),
+        :class:`Conflict` if ``if_version`` is set and differs from its version,
+        :class:`IsADirectory` for a directory (directories are never removed).
+        """
+        full = self._resolve(path)
+        if full == self.root:
+            raise IsADirectory("cannot delete the root: it is a directory")
+        with self._locked(full):
+            try:
+                st = os.stat(full)
+            except OSError as exc:
+                raise _translate(exc, "delete", path) from None
+            if stat_mod.S_ISDIR(st.st_mode):
+                raise IsADirectory(f"cannot delete {path!r}: it is a directory")
+            if not stat_mod.S_ISREG(st.st_mode):
+                raise FscacheError(f"cannot delete {path!r}: not a regular file")
+            if if_version is not None and if_version != st.st_mtime_ns:
+                raise Conflict(
+                    f"cannot delete {path!r}: its version is {st.st_mtime_ns}, not {if_version}"
+                )
+            try:
+                os.unlink(full)
+            except OSError as exc:
+                raise _translate(exc, "delete", path) from None
+            self._raise_floor(full, st.st_mtime_ns)
+            try:
+                _fsync_dir(os.path.dirname(full))
+            except OSError as exc:
+                raise _translate(exc, "delete", path) from None
+
+    def listdir(self, path: str) -> list[str]:
+        """Sorted names in the directory ``path`` (``""`` is the root); dirs end in ``/``.
+
+        Hidden: the store's own files, names that are not valid UTF-8, symlinks that
+        leave the root, dangling symlinks and special files (FIFOs, sockets, devices).
+        """
+        full = self._resolve(path)
+        names: list[str] = []
+        try:
+            with os.scandir(full) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if name.startswith(RESERVED_PREFIX) or not _is_utf8(name):
+                        continue
+                    try:
+                        if entry.is_symlink() and not self._inside(os.path.realpath(entry.path)):
+                            continue
+                        if entry.is_dir():
+                            names.append(name + "/")
+                        elif entry.is_file():
+                            names.append(name)
+                    except OSError:  # vanished while we looked
+                        continue
+        except NotADirectoryError:
+            if os.path.isfile(full):
+                raise IsADirectory(f"cannot list {path!r}: it is a file") from None
+            raise NotFound(f"cannot list {path!r}: it does not exist") from None
+        except OSError as exc:
+            raise _translate(exc, "list", path) from None
+        names.sort()
+        return names
+
+    # ----------------------------------------------------------------- helpers
+
+    def _inside(self, full: str) -> bool:
+        return full == self.root or full.startswith(self._prefix)
+
+    def _resolve(self, path: str) -> str:
+        """The real absolute path of ``path`` under the root, or :class:`BadPath`."""
+        try:
+            full = os.path.realpath(os.path.join(self.root, path))
+        except (OSError, ValueError) as exc:  # e.g. an embedded NUL byte
+            raise BadPath(f"bad path {path!r}: {exc}") from None
+        if not self._inside(full):
+            raise BadPath(f"path {path!r} leads outside the store's root")
+        if RESERVED_PREFIX in full[len(self._prefix) :] and any(
+            part.startswith(RESERVED_PREFIX) for part in full[len(self._prefix) :].split(os.sep)
+        ):
+            raise BadPath(f"path {path!r} leads to a name reserved for the store")
+        return full
+
+    @contextmanager
+    def _locked(self, full: str) -> Iterator[None]:
+        """Serialise writes and deletes of one path (compare-and-set must be atomic)."""
+        with self._mutex:
+            entry = self._locks.get(full)
+            if entry is None:
+                entry = self._locks[full] = _PathLock()
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield
+        finally:
+            with self._mutex:
+                entry.users -= 1
+                if entry.users == 0:
+                    del self._locks[full]
+
+    def _version_for_write(self, full: str, path: str) -> int:
+        """The version ``write`` replaces: 0 if absent; refuse directories."""
+        try:
+            st = os.stat(full)
+        except FileNotFoundError:
+            return 0
+        except NotADirectoryError:
+            raise IsADirectory(
+                f"cannot write {path!r}: one of its parent directories is a file"
+            ) from None
+        except OSError as exc:
+            raise _translate(exc, "write", path) from None
+        if stat_mod.S_ISDIR(st.st_mode):
+            raise IsADirectory(f"cannot write {path!r}: it is a directory")
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise FscacheError(f"cannot write {path!r}: not a regular file")
+        return st.st_mtime_ns
+
+    def _open_temp(self, parent: str, path: str) -> tuple[str, int]:
+        """Create a fresh temp file in ``parent`` (making directories as needed)."""
+        name = os.path.join(parent, TEMP_PREFIX + secrets.token_hex(8))
+        try:
+            try:
+                return name, os.open(name, _TEMP_FLAGS, 0o666)
+            except FileNotFoundError:
+                self._make_dirs(parent, path)
+                return name, os.open(name, _TEMP_FLAGS, 0o666)
+        except OSError as exc:
+            raise _translate(exc, "write", path) from None
+
+    def _make_dirs(self, parent: str, path: str) -> None:
+        """Create ``parent`` and its missing ancestors below the root, durably."""
+        current = self.root
+        for part in parent[len(self._prefix) :].split(os.sep):
+            child = os.path.join(current, part)
+            try:
+                os.mkdir(child, 0o777)
+            except FileExistsError:
+                if not os.path.isdir(child):
+                    raise IsADirectory(
+                        f"cannot write {path!r}: "
+                        f"{child[len(self._prefix) :]!r} is a file, not a directory"
+                    ) from None
+            else:
+                _fsync_dir(current)  # the new entry in ``current`` is durable
+            current = child
+
+    def _raise_floor(self, full: str, version: int) -> None:
+        with self._mutex:
+            if version > self._floors.get(full, 0):
+                self._floors[full] = version
+            if len(self._floors) > self._prune_at:
+                cutoff = time_ns() - _FLOOR_KEEP_NS
+                self._floors = {k: v for k, v in self._floors.items() if v >= cutoff}
+                self._prune_at = max(_FLOOR_PRUNE_MIN, 2 * len(self._floors))
+
+
+# --------------------------------------------------------------------- functions
+
+
+def _translate(exc: OSError, op: str, path: str) -> FscacheError:
+    """The fscache error for an OSError raised while doing ``op`` on ``path``."""
+    code = exc.errno
+    if code in (errno.ENOENT, errno.ENOTDIR):
+        return NotFound(f"cannot {op} {path!r}: it does not exist")
+    if code == errno.EISDIR:
+        return IsADirectory(f"cannot {op} {path!r}: it is a directory")
+    if code in (errno.ELOOP, errno.ENAMETOOLONG):
+        return BadPath(f"cannot {op} {path!r}: {exc.strerror}")
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return FscacheError(f"cannot {op} {path!r}: the store's disk is full")
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return FscacheError(f"cannot {op} {path!r}: the store may not ({exc.strerror})")
+    return FscacheError(f"cannot {op} {path!r}: {exc.strerror or exc} (errno {code})")
+
+
+def _read_rest(fd: int, data: bytes, size: int) -> bytes:
+    chunks = [data]
+    got = len(data)
+    while got < size:
+        chunk = os.read(fd, size - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _stamp(fd: int, minimum: int) -> int:
+    """Set the file's mtime to a new version >= ``minimum`` and return what it stored.
+
+    Reads the stamp back: a file system with coarse timestamps rounds it down, in
+    which case we move forward (doubling the step) until it is large enough.
+    """
+    target = max(time_ns(), minimum)
+    step = 1
+    for _ in range(_MAX_STAMP_TRIES):
+        os.utime(fd, ns=(target, target))
+        stored = os.fstat(fd).st_mtime_ns
+        if stored >= minimum:
+            return stored
+        step = max(step * 2, minimum - stored)
+        target += step
+    raise FscacheError("the store's file system cannot record a new version (mtime)")
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    with suppress(OSError):  # if it stays, recover() removes it at the next start
+        os.unlink(path)
+
+
+def _is_utf8(name: str) -> bool:
+    if name.isascii():
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -1,0 +1,467 @@
+"""Tests of the durable store (fscache.server.store): plain blocking code, real files."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fscache.server import store as store_mod
+from fscache.server.store import TEMP_PREFIX, Store
+
+from fscache.errors import BadPath, Conflict, FscacheError, IsADirectory, NotFound, TooLarge
+
+MAX = 1 << 16
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "root"
+    r.mkdir()
+    return r
+
+
+@pytest.fixture
+def store(root: Path) -> Store:
+    return Store(root, max_file_size=MAX)
+
+
+def temp_files(root: Path) -> list[str]:
+    return sorted(
+        os.path.join(d, n)
+        for d, _, names in os.walk(root)
+        for n in names
+        if n.startswith(TEMP_PREFIX)
+    )
+
+
+# ------------------------------------------------------------------- round trips
+
+
+def test_write_read_stat_round_trip(store: Store, root: Path) -> None:
+    version = store.write("a.txt", b"hello")
+    assert store.read("a.txt") == (version, b"hello")
+    assert store.stat("a.txt") == (version, 5, False)
+    assert (root / "a.txt").read_bytes() == b"hello"
+    assert os.stat(root / "a.txt").st_mtime_ns == version
+
+
+def test_empty_file(store: Store) -> None:
+    version = store.write("empty", b"")
+    assert store.read("empty") == (version, b"")
+    assert store.stat("empty") == (version, 0, False)
+
+
+def test_exactly_max_size_is_fine(store: Store) -> None:
+    data = os.urandom(MAX)
+    version = store.write("big", data)
+    assert store.read("big") == (version, data)
+
+
+def test_nested_paths_create_directories(store: Store, root: Path) -> None:
+    version = store.write("a/b/c/d.bin", b"deep")
+    assert (root / "a" / "b" / "c").is_dir()
+    assert store.read("a/b/c/d.bin") == (version, b"deep")
+    dir_version, size, is_dir = store.stat("a/b")
+    assert is_dir and size == 0
+    assert dir_version == os.stat(root / "a" / "b").st_mtime_ns
+    store.write("a/b/other", b"x")  # an existing directory is reused
+    assert store.listdir("a/b") == ["c/", "other"]
+
+
+def test_listdir(store: Store, root: Path) -> None:
+    store.write("z", b"1")
+    store.write("b/x", b"2")
+    store.write("a", b"3")
+    (root / "emptydir").mkdir()
+    assert store.listdir("") == ["a", "b/", "emptydir/", "z"]
+    assert store.listdir("b") == ["x"]
+    assert store.listdir("emptydir") == []
+
+
+def test_listdir_hides_temp_and_reserved_names(store: Store, root: Path) -> None:
+    store.write("d/keep", b"k")
+    (root / f"{TEMP_PREFIX}0123abcd").write_bytes(b"half a write")
+    (root / "d" / f"{TEMP_PREFIX}ffff").write_bytes(b"")
+    (root / ".fscache-other").mkdir()
+    assert store.listdir("") == ["d/"]
+    assert store.listdir("d") == ["keep"]
+
+
+def test_delete(store: Store, root: Path) -> None:
+    store.write("d/f", b"x")
+    store.delete("d/f")
+    assert not (root / "d" / "f").exists()
+    with pytest.raises(NotFound):
+        store.read("d/f")
+    with pytest.raises(NotFound):
+        store.stat("d/f")
+    assert store.listdir("d") == []  # the directory stays
+
+
+def test_overwrite_replaces_contents(store: Store) -> None:
+    store.write("f", b"a much longer first version")
+    version = store.write("f", b"short")
+    assert store.read("f") == (version, b"short")
+
+
+# ---------------------------------------------------------------------- versions
+
+
+def test_versions_strictly_increase_across_writes(store: Store) -> None:
+    versions = [store.write("f", str(i).encode()) for i in range(50)]
+    assert versions == sorted(set(versions))
+    assert store.read("f") == (versions[-1], b"49")
+
+
+def test_versions_increase_across_delete_and_recreate(store: Store) -> None:
+    v1 = store.write("f", b"one")
+    store.delete("f")
+    v2 = store.write("f", b"two")
+    assert v2 > v1
+
+
+def test_versions_increase_across_restart(root: Path) -> None:
+    v1 = Store(root, max_file_size=MAX).write("f", b"one")
+    again = Store(root, max_file_size=MAX)
+    assert again.read("f") == (v1, b"one")
+    assert again.write("f", b"two") > v1
+
+
+def test_versions_increase_with_a_frozen_or_backward_clock(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(root, max_file_size=MAX)
+    real = store.write("f", b"real clock")
+    monkeypatch.setattr(store_mod, "time_ns", lambda: 1_000)  # far in the past, frozen
+    assert store.write("f", b"a") == real + 1
+    assert store.write("f", b"b") == real + 2
+    store.delete("f")
+    assert store.write("f", b"c") == real + 3  # the in-memory floor
+    assert store.write("g", b"new path") == 1_000
+    restarted = Store(root, max_file_size=MAX)
+    assert restarted.write("f", b"d") == real + 4  # from the file's own mtime
+    assert restarted.read("f") == (real + 4, b"d")
+
+
+def test_versions_increase_on_coarse_timestamps(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system that keeps whole seconds only: the store moves the stamp forward."""
+    second = 10**9
+    real_utime = os.utime
+
+    def coarse_utime(fd: int, *, ns: tuple[int, int]) -> None:
+        real_utime(fd, ns=(ns[0] // second * second, ns[1] // second * second))
+
+    store = Store(root, max_file_size=MAX)
+    monkeypatch.setattr(store_mod, "time_ns", lambda: 5 * second + 123)
+    monkeypatch.setattr(os, "utime", coarse_utime)
+    versions = [store.write("f", bytes([i])) for i in range(4)]
+    assert versions == [5 * second, 6 * second, 7 * second, 8 * second]
+    assert store.read("f") == (8 * second, b"\x03")
+
+
+# ---------------------------------------------------------------- compare-and-set
+
+
+def test_if_version_success(store: Store) -> None:
+    v0 = store.write("f", b"new", if_version=0)  # 0: must not exist yet
+    v1 = store.write("f", b"next", if_version=v0)
+    assert v1 > v0
+    store.delete("f", if_version=v1)
+    with pytest.raises(NotFound):
+        store.stat("f")
+
+
+def test_if_version_conflict_changes_nothing(store: Store, root: Path) -> None:
+    v0 = store.write("f", b"original")
+    with pytest.raises(Conflict):
+        store.write("f", b"lost", if_version=v0 - 1)
+    with pytest.raises(Conflict):
+        store.write("f", b"lost", if_version=0)
+    with pytest.raises(Conflict):
+        store.delete("f", if_version=v0 + 1)
+    assert store.read("f") == (v0, b"original")
+    with pytest.raises(Conflict):
+        store.write("absent", b"x", if_version=v0)
+    with pytest.raises(NotFound):
+        store.stat("absent")
+    assert temp_files(root) == []
+
+
+def test_compare_and_set_is_atomic_between_threads(store: Store) -> None:
+    """Threads increment a counter with read + write(if_version): no update is lost."""
+    store.write("counter", b"0")
+    wins = [0] * 8
+
+    def worker(i: int) -> None:
+        for _ in range(15):
+            while True:
+                version, data = store.read("counter")
+                try:
+                    store.write("counter", str(int(data) + 1).encode(), if_version=version)
+                except Conflict:
+                    continue
+                wins[i] += 1
+                break
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(wins))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.read("counter")[1] == str(sum(wins)).encode() == b"120"
+
+
+# -------------------------------------------------------------------------- errors
+
+
+def test_not_found(store: Store) -> None:
+    store.write("file", b"x")
+    calls: list[Callable[[], object]] = [
+        lambda: store.read("missing"),
+        lambda: store.stat("missing"),
+        lambda: store.delete("missing"),
+        lambda: store.delete("missing", if_version=123),
+        lambda: store.listdir("missing"),
+        lambda: store.read("no/such/dir/f"),
+        lambda: store.read("file/below"),  # a parent is a file
+        lambda: store.listdir("file/below"),
+    ]
+    for call in calls:
+        with pytest.raises(NotFound):
+            call()
+
+
+def test_is_a_directory(store: Store, root: Path) -> None:
+    store.write("dir/f", b"x")
+    with pytest.raises(IsADirectory):
+        store.read("dir")
+    with pytest.raises(IsADirectory):
+        store.write("dir", b"y")
+    with pytest.raises(IsADirectory):
+        store.delete("dir")
+    with pytest.raises(IsADirectory):
+        store.listdir("dir/f")  # a file where a directory was expected
+    with pytest.raises(IsADirectory):
+        store.write("dir/f/g", b"y")  # a parent is a file
+    with pytest.raises(IsADirectory):
+        store.write("", b"y")
+    with pytest.raises(IsADirectory):
+        store.read("")
+    assert (root / "dir").is_dir()
+    assert store.read("dir/f")[1] == b"x"
+    assert temp_files(root) == []
+
+
+def test_too_large(store: Store, root: Path) -> None:
+    with pytest.raises(TooLarge):
+        store.write("big", b"x" * (MAX + 1))
+    assert not (root / "big").exists()
+    assert temp_files(root) == []
+    (root / "outsider").write_bytes(b"y" * (MAX + 1))  # put there by another program
+    with pytest.raises(TooLarge):
+        store.read("outsider")
+    assert store.stat("outsider")[1:] == (MAX + 1, False)
+
+
+def test_bad_root(tmp_path: Path) -> None:
+    with pytest.raises(FscacheError, match="does not exist"):
+        Store(tmp_path / "missing", max_file_size=MAX)
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(FscacheError, match="not a directory"):
+        Store(tmp_path / "file", max_file_size=MAX)
+
+
+def test_symlink_escaping_root_is_refused(store: Store, root: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    os.symlink(outside, root / "link")
+    os.symlink(outside / "secret", root / "filelink")
+    calls: list[Callable[[], object]] = [
+        lambda: store.read("link/secret"),
+        lambda: store.read("filelink"),
+        lambda: store.stat("link"),
+        lambda: store.stat("link/secret"),
+        lambda: store.listdir("link"),
+        lambda: store.write("link/new", b"x"),
+        lambda: store.write("link/secret", b"overwritten"),
+        lambda: store.write("filelink", b"overwritten"),
+        lambda: store.delete("link/secret"),
+        lambda: store.delete("filelink"),
+    ]
+    for call in calls:
+        with pytest.raises(BadPath):
+            call()
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"]
+    assert (outside / "secret").read_bytes() == b"secret"
+    assert store.listdir("") == []  # escaping symlinks are not shown either
+
+
+def test_symlink_inside_root_is_an_alias(store: Store, root: Path) -> None:
+    version = store.write("real/f", b"data")
+    os.symlink(root / "real", root / "alias")
+    assert store.read("alias/f") == (version, b"data")
+    assert store.listdir("") == ["alias/", "real/"]
+
+
+def test_unnormalised_paths_cannot_escape(store: Store) -> None:
+    for bad in ("../x", "/etc/passwd", "a/../../x", f"{TEMP_PREFIX}abc", "d/.fscache", "a\0b"):
+        with pytest.raises(BadPath):
+            store.read(bad)
+        with pytest.raises(BadPath):
+            store.write(bad, b"x")
+
+
+def test_os_errors_become_fscache_errors(
+    store: Store, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v0 = store.write("f", b"old")
+
+    def full_disk(src: str, dst: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(FscacheError, match="disk is full") as info:
+        store.write("f", b"new")
+    assert type(info.value) is FscacheError
+    monkeypatch.undo()
+    assert store.read("f") == (v0, b"old")
+    assert temp_files(root) == []  # the failed write cleaned up after itself
+
+
+# ------------------------------------------------------------------------- recover
+
+
+def test_recover_removes_leftover_temp_files(store: Store, root: Path) -> None:
+    store.write("a/b/keep", b"k")
+    for p in (root, root / "a", root / "a" / "b"):
+        (p / f"{TEMP_PREFIX}{os.urandom(4).hex()}").write_bytes(b"torn")
+    assert len(temp_files(root)) == 3
+    assert store.listdir("a/b") == ["keep"]
+    assert store.recover() == 3
+    assert temp_files(root) == []
+    assert store.recover() == 0
+    assert store.read("a/b/keep")[1] == b"k"
+
+
+def test_new_store_recovers_on_start(root: Path) -> None:
+    (root / "d").mkdir()
+    (root / "d" / f"{TEMP_PREFIX}dead").write_bytes(b"torn")
+    store = Store(root, max_file_size=MAX)
+    assert temp_files(root) == []
+    assert store.recover() == 0
+
+
+# --------------------------------------------------------------------------- crash
+
+CHILD = r"""
+import hashlib, os, random, sys
+from fscache.server.store import Store
+
+store = Store(sys.argv[1], max_file_size=1 << 20)
+paths = [f"d{i % 3}/s{i % 4}/f{i}" for i in range(int(sys.argv[2]))]
+rnd = random.Random(1)
+seq = 0
+while True:
+    seq += 1
+    path = rnd.choice(paths)
+    body = f"{path}|{seq}|".encode() + os.urandom(rnd.randrange(0, 48 * 1024))
+    content = body + hashlib.sha256(body).hexdigest().encode()
+    version = store.write(path, content)
+    sys.stdout.write(f"{path} {seq} {version} {hashlib.sha256(content).hexdigest()}\n")
+    sys.stdout.flush()
+"""
+
+
+def parse_self_checking(content: bytes) -> tuple[str, int]:
+    """(path, seq) from a file the child wrote; fails if the file is torn."""
+    body, digest = content[:-64], content[-64:]
+    assert hashlib.sha256(body).hexdigest().encode() == digest, "torn or foreign file"
+    path, seq, _ = body.split(b"|", 2)
+    return path.decode(), int(seq)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_stream_keeps_every_acknowledged_write(root: Path) -> None:
+    n_paths = 24
+    paths = [f"d{i % 3}/s{i % 4}/f{i}" for i in range(n_paths)]
+    with subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(root), str(n_paths)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdout is not None
+        lines: list[bytes] = []
+        try:
+            while len(lines) < 300:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                lines.append(line)
+            # Aim the kill into a write: wait (briefly; the child keeps writing) until a
+            # temp file exists, i.e. the child is between creating it and renaming it.
+            leaves = [root / f"d{d}" / f"s{s}" for d in range(3) for s in range(4)]
+            give_up = time.monotonic() + 2.0
+            while not any(temp_files(leaf) for leaf in leaves) and time.monotonic() < give_up:
+                pass
+            os.kill(proc.pid, signal.SIGKILL)
+            rest, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert len(lines) == 300, err.decode(errors="replace")
+        assert proc.returncode == -signal.SIGKILL
+    lines += rest.splitlines(keepends=True)
+
+    acked: dict[str, tuple[int, int, str]] = {}  # path -> (seq, version, sha256)
+    max_seq = 0
+    for line in lines:
+        if not line.endswith(b"\n"):
+            continue  # killed while printing: not acknowledged
+        path, seq_text, version_text, digest = line.decode().split()
+        assert int(seq_text) > max_seq
+        max_seq = int(seq_text)
+        previous = acked.get(path)
+        assert previous is None or int(version_text) > previous[1]
+        acked[path] = (max_seq, int(version_text), digest)
+    assert max_seq >= 300
+
+    leftovers = len(temp_files(root))  # 0 or 1: the write in flight when killed
+    assert leftovers <= 1
+    store = Store(root, max_file_size=1 << 20)  # the restart: recovers in __init__
+    assert temp_files(root) == []
+    assert store.recover() == 0
+
+    unacked_seen = 0
+    for path in paths:
+        try:
+            version, content = store.read(path)
+        except NotFound:
+            assert path not in acked, f"acknowledged write of {path} lost"
+            continue
+        written_path, seq = parse_self_checking(content)
+        assert written_path == path
+        if path in acked and seq == acked[path][0]:
+            assert version == acked[path][1]
+            assert hashlib.sha256(content).hexdigest() == acked[path][2]
+        else:
+            # Only the one write in flight at the kill may be newer than its ack.
+            assert seq == max_seq + 1, f"{path} holds write {seq}, acked {acked.get(path)}"
+            assert path not in acked or version > acked[path][1]
+            unacked_seen += 1
+    assert unacked_seen <= 1
+    for d in range(3):
+        for s in range(4):
+            assert all(not n.startswith(".fscache") for n in store.listdir(f"d{d}/s{s}"))
