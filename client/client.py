@@ -620,14 +620,19 @@ async def open_client(
         address=address,
     )
     first = await client._connect_once()
+    body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         client._nursery = nursery
         nursery.start_soon(client._run, first)
         try:
             yield client
+        except BaseException as exc:  # re-raised below, outside the nursery: the
+            body_error = exc  # caller sees NotFound itself, not an ExceptionGroup
         finally:
             with trio.CancelScope(shield=True):
                 await client.aclose()
+    if body_error is not None:
+        raise body_error
 
 
 __all__ = ["Client", "StatResult", "open_client", "parse_address", "tcp_opener"]

@@ -355,7 +355,7 @@ class FileService:
                 previous.alive = False
                 previous.cancel.cancel()
             self.connections[holder] = connection
-            log.info("%s: client %s connected", peer, holder)
+            log.debug("%s: client %s connected", peer, holder)
             try:
                 self._execute(self.table.connected(holder, self.clock()))
                 async with trio.open_nursery() as nursery:
@@ -372,7 +372,7 @@ class FileService:
                             holder, goodbye=connection.goodbye, now=self.clock()
                         )
                     )
-                log.info(
+                log.debug(
                     "%s: client %s %s", peer, holder,
                     "said goodbye" if connection.goodbye else "disconnected",
                 )  # fmt: skip

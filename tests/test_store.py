@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fscache.server import store as store_mod
-from fscache.server.store import TEMP_PREFIX, Store
 
 from fscache.errors import BadPath, Conflict, FscacheError, IsADirectory, NotFound, TooLarge
+from fscache.server import store as store_mod
+from fscache.server.store import TEMP_PREFIX, Store
 
 MAX = 1 << 16
 

@@ -1,0 +1,5 @@
+import sys
+
+from fscache.cli import main
+
+sys.exit(main())

@@ -1,0 +1,263 @@
+"""The ``fscache`` command: serve, read, write, ls, stats, certs, demo, bench.
+
+Exit codes: 0 success, 1 an fscache error (not found, bad path, conflict, ...),
+2 bad usage, 3 the server cannot be reached, 4 refused credentials (TLS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from fscache.errors import FscacheError, Unauthorized, Unavailable
+
+T = TypeVar("T")
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+EXIT_UNAUTHORIZED = 4
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535: {text!r}")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0: {text!r}")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fscache",
+        description="A file service with lease-based cache consistency (Gray & Cheriton 1989).",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="serve a directory tree")
+    serve.add_argument("--root", required=True, help="the directory to serve")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=_port, default=7710, help="0 picks a free port")
+    serve.add_argument("--term", type=_number, default=10.0, help="lease term, seconds")
+    serve.add_argument("--skew", type=_number, default=0.1, help="clock skew allowance, s")
+    serve.add_argument(
+        "--hot-writes", type=_count, default=3,
+        help="writes within one term that make a file write-shared (term 0); 0: off",
+    )  # fmt: skip
+    serve.add_argument("--tls", metavar="DIR", help="mutual TLS with the certs in DIR")
+
+    def client_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("address", metavar="HOST:PORT")
+        command.add_argument("--tls", metavar="DIR", help="client certs made by `fscache certs`")
+        return command
+
+    read = client_command("read", "print a file's contents")
+    read.add_argument("path", metavar="PATH")
+    write = client_command("write", "write a file from FILE or stdin")
+    write.add_argument("path", metavar="PATH")
+    write.add_argument("source", metavar="FILE|-", nargs="?", default="-")
+    write.add_argument("--if-version", type=int, help="compare-and-set: only if at VERSION")
+    ls = client_command("ls", "list a directory")
+    ls.add_argument("path", metavar="DIR", nargs="?", default="")
+    client_command("stats", "print the server's counters as JSON")
+
+    certs = sub.add_parser("certs", help="make CA, server and client certificates")
+    certs.add_argument("directory", metavar="DIR")
+    certs.add_argument(
+        "--host", action="append", dest="hosts", help="server name or IP (repeatable)"
+    )
+    certs.add_argument("--force", action="store_true", help="overwrite existing files")
+
+    demo = sub.add_parser("demo", help="demonstrations")
+    demo_sub = demo.add_subparsers(dest="demo", required=True, metavar="DEMO")
+    crash = demo_sub.add_parser("crash", help="kill a lease holder; watch the writer proceed")
+    crash.add_argument("--term", type=_number, default=3.0, help="lease term, seconds")
+    crash.add_argument("--skew", type=_number, default=0.1, help="skew allowance, seconds")
+    crash.add_argument("--clients", type=_count, default=3, help="reader processes (>= 2)")
+
+    bench = sub.add_parser("bench", help="the read/write workload benchmark", add_help=False)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        return _COMMANDS[args.command](args)
+    except Unavailable as exc:
+        print(f"fscache: unavailable: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except Unauthorized as exc:
+        print(f"fscache: unauthorized: {exc}", file=sys.stderr)
+        return EXIT_UNAUTHORIZED
+    except FscacheError as exc:
+        print(f"fscache: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `fscache stats ... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+# ---------------------------------------------------------------- serve
+def _serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from fscache.server.service import FileService, ServerSettings
+
+    if args.verbose == 0:
+        logging.getLogger("fscache").setLevel(logging.INFO)
+    root = os.path.abspath(args.root)
+    if not os.path.isdir(root):
+        raise FscacheError(f"--root {args.root!r} is not a directory")
+    settings = ServerSettings(
+        root=root, host=args.host, port=args.port, term=args.term, skew=args.skew,
+        hot_writes=args.hot_writes, tls_dir=args.tls,
+    )  # fmt: skip
+
+    async def run() -> None:
+        service = FileService(settings)
+        async with trio.open_nursery() as nursery:
+            try:
+                listeners = await nursery.start(service.run)
+            except OSError as exc:
+                raise FscacheError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
+            host, port = listeners[0].socket.getsockname()[:2]
+            window = service.restart_window
+            print(
+                f"fscache serving {root} on {host}:{port}"
+                f" (term {args.term:g} s, skew {args.skew:g} s, epoch {service.epoch}"
+                f"{', TLS' if args.tls else ''})",
+                flush=True,
+            )
+            if window > 0:
+                print(f"restart window: writes held for {window:g} s", flush=True)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    print(f"{signal.Signals(signum).name}: shutting down", flush=True)
+                    break
+            service.shutdown()
+            nursery.cancel_scope.cancel()
+
+    trio.run(run)
+    return 0
+
+
+# ---------------------------------------------------------------- client commands
+def _with_client(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]]) -> T:
+    import trio
+
+    from fscache.client.client import open_client, parse_address
+
+    host, port = parse_address(args.address)
+    ssl_context = None
+    if args.tls:
+        from fscache.tls import client_context
+
+        ssl_context = client_context(args.tls)
+
+    async def run() -> T:
+        async with open_client(host, port, ssl_context=ssl_context) as client:
+            return await body(client)
+
+    return trio.run(run)
+
+
+def _read(args: argparse.Namespace) -> int:
+    data = _with_client(args, lambda c: c.read(args.path))
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+    return 0
+
+
+def _write(args: argparse.Namespace) -> int:
+    if args.source == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        try:
+            with open(args.source, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise FscacheError(f"cannot read {args.source}: {exc.strerror}") from None
+    version = _with_client(args, lambda c: c.write(args.path, data, if_version=args.if_version))
+    print(version)
+    return 0
+
+
+def _ls(args: argparse.Namespace) -> int:
+    for name in _with_client(args, lambda c: c.listdir(args.path)):
+        print(name)
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    print(json.dumps(_with_client(args, lambda c: c.server_stats()), indent=2, sort_keys=True))
+    return 0
+
+
+# ---------------------------------------------------------------- the rest
+def _certs(args: argparse.Namespace) -> int:
+    from fscache.tls import make_certs
+
+    hosts = args.hosts or ["127.0.0.1", "localhost", "::1"]
+    for path in make_certs(args.directory, hosts=hosts, overwrite=args.force):
+        print(path)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from fscache.demo import run_crash_demo
+
+    if args.clients < 2:
+        raise FscacheError("--clients must be at least 2 (one to kill, one to approve)")
+    return run_crash_demo(term=args.term, skew=args.skew, clients=args.clients)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from fscache.bench.workload import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "serve": _serve,
+    "read": _read,
+    "write": _write,
+    "ls": _ls,
+    "stats": _stats,
+    "certs": _certs,
+    "demo": _demo,
+    "bench": _bench,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())
