@@ -304,7 +304,8 @@ class LeaseTable:
             raise UnknownOp(f"write {op} is not being applied")
         applied = self._queues[path].popleft()
         for holder in list(self._leases.get(path, ())):
-            self._end_lease(path, holder)
+            if ok or holder != applied.holder:  # a failed writer still caches the old contents
+                self._end_lease(path, holder)
         effects: list[Effect] = []
         if ok:
             self.policy.note_write(path, now)

@@ -33,7 +33,7 @@ import os
 import secrets
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 import trio
@@ -59,6 +59,8 @@ from fscache.paths import normalize
 from fscache.server.store import Store
 
 log = logging.getLogger("fscache.server")
+
+BlockingIO = Callable[..., Awaitable[Any]]
 
 HANDSHAKE_TIMEOUT = 10.0  # a peer that connects and says nothing is dropped after this
 DEFAULT_MAX_OUTBOX = 32 * 1024 * 1024  # unsent bytes per connection before it is dropped
@@ -220,9 +222,11 @@ class FileService:
         *,
         policy: TermPolicy | None = None,
         clock: Callable[[], float] = trio.current_time,
+        blocking_io: BlockingIO = trio.to_thread.run_sync,
     ) -> None:
         self.settings = settings
         self.clock = clock
+        self._blocking_io = blocking_io  # how fsyncing writes run: a worker thread
         self.store = Store(settings.root, max_file_size=settings.max_file_size)
         self.policy = policy or AdaptiveTermPolicy(
             default=settings.term, hot_writes=settings.hot_writes, window=max(settings.term, 1.0)
@@ -233,6 +237,7 @@ class FileService:
         self.table = LeaseTable(
             self.policy, skew=settings.skew, hold_writes_until=self.started_at + self.restart_window
         )
+        self.port = settings.port  # the bound port once listening
         self.connections: dict[HolderId, Connection] = {}
         self._pending: dict[OpId, _Pending] = {}
         self._next_op = 0
@@ -253,17 +258,26 @@ class FileService:
     async def run(self, *, task_status: trio.TaskStatus[list[trio.SocketListener]]) -> None:
         """Listen and serve until cancelled. ``task_status.started`` gets the listeners."""
         s = self.settings
+        ssl_context = None
+        if s.tls_dir is not None:
+            from fscache.tls import server_context
+
+            ssl_context = server_context(s.tls_dir)
         listeners = await trio.open_tcp_listeners(s.port, host=s.host)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.run_engine)
+            nursery.start_soon(self._accept, listeners, ssl_context)
+            task_status.started(listeners)
+
+    async def run_engine(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the timer and host write tasks until cancelled, without a listener:
+        feed connections with :meth:`serve_stream` (tests use memory streams)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._run_timer)
-            ssl_context = None
-            if s.tls_dir is not None:
-                from fscache.tls import server_context
-
-                ssl_context = server_context(s.tls_dir)
-            nursery.start_soon(self._accept, listeners, ssl_context)
-            task_status.started(listeners)
+            task_status.started()
 
     async def _accept(
         self, listeners: list[trio.SocketListener], ssl_context: ssl.SSLContext | None
@@ -531,8 +545,7 @@ class FileService:
                 )
             elif isinstance(effect, Discarded):
                 self._pending.pop(effect.op, None)
-        if effects:
-            self._deadline_may_have_moved()
+        self._deadline_may_have_moved()  # even with no effects: a write may now wait
 
     def _serve_read(self, grant: Grant) -> None:
         pending = self._pending.pop(grant.op)
@@ -560,12 +573,12 @@ class FileService:
         ok = False
         try:
             if isinstance(request, p.Write):
-                pending.version = await trio.to_thread.run_sync(
+                pending.version = await self._blocking_io(
                     self.store.write, effect.path, request.data, request.if_version
                 )
             else:
                 assert isinstance(request, p.Delete)
-                await trio.to_thread.run_sync(self.store.delete, effect.path, request.if_version)
+                await self._blocking_io(self.store.delete, effect.path, request.if_version)
             ok = True
         except FscacheError as exc:
             self.counters["errors"] += 1
@@ -633,6 +646,5 @@ async def serve(
     service = FileService(settings, policy=policy)
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(service.run)
-        service.port = listeners[0].socket.getsockname()[1]  # type: ignore[attr-defined]
+        service.port = listeners[0].socket.getsockname()[1]
         task_status.started(service)
-    # unreachable until cancelled; the caller's cancel ends the nursery above

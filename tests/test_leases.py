@@ -1,0 +1,617 @@
+"""The lease rules (DESIGN.md section 2), one test or more per rule.
+
+Test rules: the lease table is driven by hand with an explicit ``now``; no event loop,
+no clock. Every test asserts the exact effect list and the exact deadline. Unless a
+test says otherwise the term is 10 s, the skew 0.1 s, and the write-shared rule is
+off, so that each test sees one rule at a time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fscache.leases import (
+    DEFAULT_SKEW,
+    DEFAULT_TERM,
+    PURGE_GRANULARITY,
+    AdaptiveTermPolicy,
+    ApplyWrite,
+    Discarded,
+    Grant,
+    HolderId,
+    LeaseTable,
+    OpId,
+    SendApprovalRequest,
+    UnknownOp,
+    WriteCommitted,
+)
+
+TERM = 10.0
+SKEW = 0.1
+A, B, C, D = HolderId("a"), HolderId("b"), HolderId("c"), HolderId("d")
+
+
+def op(n: int) -> OpId:
+    return OpId(n)
+
+
+def just_before(t: float) -> float:
+    """The last instant before ``t``: the tightest test of a deadline."""
+    return math.nextafter(t, -math.inf)
+
+
+def table(*, term: float = TERM, hold_writes_until: float | None = None) -> LeaseTable:
+    return LeaseTable(
+        AdaptiveTermPolicy(default=term, hot_writes=0),
+        skew=SKEW,
+        hold_writes_until=hold_writes_until,
+    )
+
+
+# ---------------------------------------------------------------- read leases
+def test_read_grants_the_default_term_of_10_s_and_records_expiry_now_plus_term() -> None:
+    t = LeaseTable(AdaptiveTermPolicy())
+
+    assert t.read(op(1), A, "p", now=3.0) == [Grant(op(1), A, "p", 10.0)]
+    assert t.holders("p", now=3.0) == {A: 13.0}
+    assert (DEFAULT_TERM, DEFAULT_SKEW, t.skew) == (10.0, 0.1, 0.1)
+
+
+def test_a_second_read_renews_the_lease_from_its_own_now() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+
+    assert t.read(op(2), A, "p", now=4.0) == [Grant(op(2), A, "p", TERM)]
+    assert t.holders("p", now=4.0) == {A: 14.0}
+
+
+def test_term_zero_grants_the_read_but_records_no_lease() -> None:
+    t = table(term=0.0)
+
+    assert t.read(op(1), A, "p", now=1.0) == [Grant(op(1), A, "p", 0.0)]
+    assert t.holders("p", now=1.0) == {}
+    assert t.live_leases(now=1.0) == 0
+    assert t.leases_granted == 0
+    assert t.next_deadline() is None
+    assert t.write(op(2), B, "p", now=1.0) == [ApplyWrite(op(2), B, "p")]
+
+
+def test_read_leases_are_shared_by_many_holders() -> None:
+    t = table()
+
+    assert t.read(op(1), A, "p", now=0.0) == [Grant(op(1), A, "p", TERM)]
+    assert t.read(op(2), B, "p", now=1.0) == [Grant(op(2), B, "p", TERM)]
+    assert t.holders("p", now=1.0) == {A: 10.0, B: 11.0}
+    assert t.live_leases(now=1.0) == 2
+
+
+# ---------------------------------------------------------------- writes and approvals
+def test_write_with_no_other_holder_is_applied_in_the_same_call() -> None:
+    t = table()
+
+    assert t.write(op(1), A, "p", now=0.0) == [ApplyWrite(op(1), A, "p")]
+    assert t.writes_delayed == 0
+    assert t.next_deadline() is None
+
+
+def test_the_writers_own_lease_needs_no_approval() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+
+    assert t.write(op(2), A, "p", now=1.0) == [ApplyWrite(op(2), A, "p")]
+    assert t.approvals_sent == 0
+
+
+def test_write_against_live_holders_sends_one_approval_request_per_holder_and_waits() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), B, "p", now=0.5)
+
+    assert t.write(op(3), C, "p", now=1.0) == [
+        SendApprovalRequest(A, "p", op(3)),
+        SendApprovalRequest(B, "p", op(3)),
+    ]
+    assert t.pending_writes() == 1
+    assert t.is_blocked("p")
+    assert t.next_deadline() == 10.1  # A's lease: granted at 0, + term + skew
+
+
+def test_write_is_applied_as_soon_as_every_other_holder_has_approved() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), B, "p", now=0.5)
+    t.write(op(3), C, "p", now=1.0)
+
+    assert t.approve(A, "p", op(3), now=1.2) == []
+    assert t.approve(B, "p", op(3), now=1.3) == [ApplyWrite(op(3), C, "p")]
+    assert t.holders("p", now=1.3) == {}
+
+
+def test_approval_for_another_write_path_or_from_a_holder_not_asked_is_ignored() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), A, "q", now=0.0)
+    t.write(op(3), B, "p", now=1.0)
+
+    assert t.approve(A, "p", op(99), now=1.1) == []  # wrong write id
+    assert t.approve(C, "p", op(3), now=1.2) == []  # C was never asked
+    assert t.approve(A, "q", op(3), now=1.3) == []  # no write waits on q
+    assert t.holders("p", now=1.3) == {A: 10.0}
+    assert t.holders("q", now=1.3) == {A: 10.0}
+    assert t.approve(A, "p", op(3), now=1.4) == [ApplyWrite(op(3), B, "p")]
+    assert t.approve(A, "p", op(3), now=1.5) == []  # a repeated approval is stale
+
+
+def test_silent_holder_is_waited_out_until_grant_plus_term_plus_skew_exactly() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=2.0)
+    assert t.write(op(2), B, "p", now=3.0) == [SendApprovalRequest(A, "p", op(2))]
+
+    assert t.next_deadline() == 12.1
+    assert t.tick(just_before(12.1)) == []
+    assert t.tick(12.1) == [ApplyWrite(op(2), B, "p")]
+    assert t.holders("p", now=2.0) == {}  # the lease is gone, not merely expired
+
+
+def test_one_holder_approves_the_silent_one_is_waited_out() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), B, "p", now=0.5)
+    t.write(op(3), C, "p", now=1.0)
+
+    assert t.approve(A, "p", op(3), now=2.0) == []
+    assert t.next_deadline() == 10.6  # B's lease: granted at 0.5, + term + skew
+    assert t.tick(just_before(10.6)) == []
+    assert t.tick(10.6) == [ApplyWrite(op(3), C, "p")]
+
+
+def test_a_lease_past_expiry_plus_skew_does_not_delay_a_write() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+
+    assert t.write(op(2), B, "p", now=10.1) == [ApplyWrite(op(2), B, "p")]
+    assert t.approvals_sent == 0
+
+
+def test_a_lease_inside_the_skew_margin_still_delays_a_write() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+
+    assert t.write(op(2), B, "p", now=10.05) == [SendApprovalRequest(A, "p", op(2))]
+    assert t.next_deadline() == 10.1
+
+
+def test_write_done_commits_with_a_lease_for_the_writer_on_the_new_contents() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.write(op(2), B, "p", now=1.0)
+    t.approve(A, "p", op(2), now=1.5)
+
+    assert t.write_done(op(2), now=2.0, ok=True) == [WriteCommitted(op(2), B, "p", TERM)]
+    assert t.holders("p", now=2.0) == {B: 12.0}
+    assert not t.is_blocked("p")
+    assert t.pending_writes() == 0
+
+
+# ---------------------------------------------------------------- reads wait for writes
+def test_reads_arriving_while_a_write_waits_are_queued_not_granted() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.write(op(2), B, "p", now=1.0)
+
+    assert t.read(op(3), C, "p", now=2.0) == []
+    assert t.read(op(4), A, "p", now=3.0) == []  # not even a renewal for a holder
+    assert t.holders("p", now=3.0) == {A: 10.0}
+    assert t.leases_granted == 1
+
+
+def test_queued_reads_are_granted_in_arrival_order_right_after_write_done() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.write(op(2), B, "p", now=1.0)
+    t.read(op(3), C, "p", now=2.0)
+    t.read(op(4), A, "p", now=3.0)
+    assert t.approve(A, "p", op(2), now=4.0) == [ApplyWrite(op(2), B, "p")]
+
+    assert t.write_done(op(2), now=5.0, ok=True) == [
+        WriteCommitted(op(2), B, "p", TERM),
+        Grant(op(3), C, "p", TERM),
+        Grant(op(4), A, "p", TERM),
+    ]
+    assert t.holders("p", now=5.0) == {B: 15.0, C: 15.0, A: 15.0}
+
+
+def test_reads_arriving_while_a_write_is_being_applied_also_wait() -> None:
+    t = table()
+    assert t.write(op(1), A, "p", now=0.0) == [ApplyWrite(op(1), A, "p")]
+
+    assert t.read(op(2), B, "p", now=0.5) == []
+    assert t.write_done(op(1), now=1.0, ok=True) == [
+        WriteCommitted(op(1), A, "p", TERM),
+        Grant(op(2), B, "p", TERM),
+    ]
+
+
+def test_reads_queued_before_a_second_write_are_granted_before_it_starts() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.write(op(2), B, "p", now=1.0)
+    t.read(op(3), C, "p", now=2.0)  # arrives before the second write
+    t.write(op(4), A, "p", now=3.0)
+    t.read(op(5), D, "p", now=3.5)  # arrives after it
+    t.approve(A, "p", op(2), now=4.0)
+
+    assert t.write_done(op(2), now=5.0, ok=True) == [
+        WriteCommitted(op(2), B, "p", TERM),
+        Grant(op(3), C, "p", TERM),
+        SendApprovalRequest(B, "p", op(4)),
+        SendApprovalRequest(C, "p", op(4)),
+    ]
+    assert t.approve(B, "p", op(4), now=6.0) == []
+    assert t.approve(C, "p", op(4), now=6.0) == [ApplyWrite(op(4), A, "p")]
+    assert t.write_done(op(4), now=7.0, ok=True) == [
+        WriteCommitted(op(4), A, "p", TERM),
+        Grant(op(5), D, "p", TERM),
+    ]
+
+
+def test_extend_is_stale_while_a_write_is_queued_on_the_path() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), B, "p", now=0.0)
+    t.write(op(3), C, "p", now=1.0)
+
+    assert t.extend(A, [("p", True)], now=2.0) == [None]
+    assert t.holders("p", now=2.0) == {A: 10.0, B: 10.0}
+
+
+# ---------------------------------------------------------------- write order
+def test_writes_on_one_path_are_applied_in_arrival_order() -> None:
+    t = table()
+    assert t.write(op(1), A, "p", now=0.0) == [ApplyWrite(op(1), A, "p")]
+    assert t.write(op(2), B, "p", now=0.1) == []
+    assert t.write(op(3), C, "p", now=0.2) == []
+    assert t.pending_writes() == 3
+
+    # the second write starts only now, and needs the first writer's approval:
+    # the first writer holds a lease on what it wrote
+    assert t.write_done(op(1), now=1.0, ok=True) == [
+        WriteCommitted(op(1), A, "p", TERM),
+        SendApprovalRequest(A, "p", op(2)),
+    ]
+    assert t.approve(A, "p", op(2), now=1.5) == [ApplyWrite(op(2), B, "p")]
+    assert t.write_done(op(2), now=2.0, ok=True) == [
+        WriteCommitted(op(2), B, "p", TERM),
+        SendApprovalRequest(B, "p", op(3)),
+    ]
+    assert t.approve(B, "p", op(3), now=2.5) == [ApplyWrite(op(3), C, "p")]
+    assert t.writes_delayed == 2
+
+
+def test_next_write_waits_out_a_silent_first_writer_from_its_write_done() -> None:
+    t = table()
+    t.write(op(1), A, "p", now=0.0)
+    t.write(op(2), B, "p", now=0.5)
+    t.write_done(op(1), now=1.0, ok=True)
+
+    assert t.next_deadline() == 11.1  # A's new lease: 1.0 + term + skew
+    assert t.tick(just_before(11.1)) == []
+    assert t.tick(11.1) == [ApplyWrite(op(2), B, "p")]
+
+
+def test_writes_to_different_paths_do_not_wait_for_each_other() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    assert t.write(op(2), B, "p", now=1.0) == [SendApprovalRequest(A, "p", op(2))]
+
+    assert t.write(op(3), C, "q", now=2.0) == [ApplyWrite(op(3), C, "q")]
+    assert t.read(op(4), D, "q", now=2.5) == []  # q is busy with its own write
+    assert t.write_done(op(3), now=3.0, ok=True) == [
+        WriteCommitted(op(3), C, "q", TERM),
+        Grant(op(4), D, "q", TERM),
+    ]
+    assert t.is_blocked("p")
+    assert t.approve(A, "p", op(2), now=4.0) == [ApplyWrite(op(2), B, "p")]
+
+
+# ---------------------------------------------------------------- relinquish and disconnect
+def test_relinquish_ends_the_lease() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+
+    assert t.relinquish(A, ["p", "not-held"], now=1.0) == []
+    assert t.holders("p", now=1.0) == {}
+    assert t.write(op(2), B, "p", now=2.0) == [ApplyWrite(op(2), B, "p")]
+
+
+def test_relinquish_counts_as_approval() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), B, "p", now=0.0)
+    t.write(op(3), C, "p", now=1.0)
+
+    assert t.relinquish(A, ["p"], now=2.0) == []
+    assert t.relinquish(B, ["p"], now=3.0) == [ApplyWrite(op(3), C, "p")]
+
+
+def test_goodbye_relinquishes_all_leases_and_applies_the_write_waiting_on_them() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.write(op(2), B, "p", now=1.0)
+    t.read(op(3), A, "p", now=1.5)  # A's own queued read goes too
+
+    assert t.disconnected(A, goodbye=True, now=2.0) == [
+        Discarded(op(3)),
+        ApplyWrite(op(2), B, "p"),
+    ]
+    assert t.holders("p", now=2.0) == {}
+
+
+def test_goodbye_releases_writes_on_every_path_the_holder_held() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), A, "q", now=0.0)
+    t.read(op(3), A, "r", now=0.0)
+    t.write(op(4), B, "p", now=1.0)
+    t.write(op(5), C, "q", now=1.0)
+
+    effects = t.disconnected(A, goodbye=True, now=2.0)
+
+    # each path's effects are independent of the others': compare without order
+    assert sorted(effects, key=lambda e: e.op) == [
+        ApplyWrite(op(4), B, "p"),
+        ApplyWrite(op(5), C, "q"),
+    ]
+    assert t.live_leases(now=2.0) == 0
+
+
+def test_disconnect_without_goodbye_keeps_leases_until_expiry_plus_skew() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.write(op(2), B, "p", now=1.0)
+
+    assert t.disconnected(A, goodbye=False, now=2.0) == []
+    assert t.holders("p", now=2.0) == {A: 10.0}
+    assert t.next_deadline() == 10.1
+    assert t.tick(just_before(10.1)) == []
+    assert t.tick(10.1) == [ApplyWrite(op(2), B, "p")]
+
+
+def test_disconnect_discards_the_holders_queued_reads_only() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.write(op(2), B, "p", now=1.0)
+    t.read(op(3), C, "p", now=2.0)
+    t.read(op(4), D, "p", now=2.5)
+    t.read(op(5), C, "p", now=3.0)
+
+    assert t.disconnected(C, goodbye=False, now=4.0) == [Discarded(op(3)), Discarded(op(5))]
+    t.approve(A, "p", op(2), now=5.0)
+    assert t.write_done(op(2), now=6.0, ok=True) == [
+        WriteCommitted(op(2), B, "p", TERM),
+        Grant(op(4), D, "p", TERM),
+    ]
+
+
+def test_reconnect_resends_the_approval_requests_still_waiting_on_the_holder() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), B, "p", now=0.0)
+    t.read(op(3), A, "q", now=0.0)
+    t.write(op(4), C, "p", now=1.0)
+    t.write(op(5), D, "q", now=1.0)
+    t.approve(B, "p", op(4), now=1.5)
+    t.disconnected(A, goodbye=False, now=2.0)
+
+    assert t.connected(A, now=3.0) == [
+        SendApprovalRequest(A, "p", op(4)),
+        SendApprovalRequest(A, "q", op(5)),
+    ]
+    assert t.connected(B, now=3.0) == []  # B has approved already
+    assert t.approve(A, "q", op(5), now=3.5) == [ApplyWrite(op(5), D, "q")]
+    assert t.connected(A, now=4.0) == [SendApprovalRequest(A, "p", op(4))]
+
+
+# ---------------------------------------------------------------- extension
+def test_extend_renews_each_current_lease_and_reports_stale_ones_as_none() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), A, "q", now=0.0)
+
+    assert t.extend(A, [("p", True), ("q", False)], now=5.0) == [TERM, None]
+    assert t.holders("p", now=5.0) == {A: 15.0}
+    assert t.holders("q", now=5.0) == {A: 10.0}  # stale: not renewed
+
+
+def test_extend_of_a_current_copy_whose_lease_has_lapsed_grants_a_new_lease() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+
+    assert t.extend(A, [("p", True)], now=20.0) == [TERM]
+    assert t.holders("p", now=20.0) == {A: 30.0}
+
+
+# ---------------------------------------------------------------- write_done
+def test_failed_write_gives_no_commit_ends_approved_leases_and_lets_queued_reads_go() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.write(op(2), B, "p", now=1.0)
+    t.read(op(3), C, "p", now=2.0)
+    t.approve(A, "p", op(2), now=3.0)
+
+    assert t.write_done(op(2), now=4.0, ok=False) == [Grant(op(3), C, "p", TERM)]
+    assert t.holders("p", now=4.0) == {C: 14.0}
+    assert not t.is_blocked("p")
+
+
+def test_failed_write_keeps_the_writers_own_lease_on_the_unchanged_contents() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.write(op(2), A, "p", now=1.0)  # e.g. a compare-and-set that will lose
+
+    assert t.write_done(op(2), now=2.0, ok=False) == []
+    assert t.holders("p", now=2.0) == {A: 10.0}  # A still caches the old contents
+    assert t.write(op(3), B, "p", now=3.0) == [SendApprovalRequest(A, "p", op(3))]
+
+
+def test_write_done_for_an_op_not_being_applied_raises_unknown_op() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.write(op(2), B, "p", now=1.0)  # waiting, not yet applying
+
+    with pytest.raises(UnknownOp):
+        t.write_done(op(2), now=2.0, ok=True)
+    with pytest.raises(UnknownOp):
+        t.write_done(op(99), now=2.0, ok=True)
+    t.approve(A, "p", op(2), now=3.0)
+    t.write_done(op(2), now=4.0, ok=True)
+    with pytest.raises(UnknownOp):
+        t.write_done(op(2), now=5.0, ok=True)  # twice
+
+
+# ---------------------------------------------------------------- restart window
+START = 100.0
+HOLD = START + TERM + SKEW  # start + max_term + skew
+
+
+def test_restart_window_serves_reads_at_once() -> None:
+    t = table(hold_writes_until=HOLD)
+
+    assert t.read(op(1), A, "p", now=START) == [Grant(op(1), A, "p", TERM)]
+
+
+def test_restart_window_holds_a_write_with_no_holders_until_its_end_exactly() -> None:
+    t = table(hold_writes_until=HOLD)
+
+    assert t.write(op(1), A, "p", now=START + 1.0) == []
+    assert t.writes_delayed == 1
+    assert t.next_deadline() == HOLD == 110.1
+    assert t.tick(just_before(HOLD)) == []
+    assert t.tick(HOLD) == [ApplyWrite(op(1), A, "p")]
+
+
+def test_restart_window_holds_a_write_whose_holders_approved_until_its_end() -> None:
+    t = table(hold_writes_until=HOLD)
+    t.read(op(1), A, "p", now=START)
+    assert t.write(op(2), B, "p", now=START + 1.0) == [SendApprovalRequest(A, "p", op(2))]
+
+    assert t.approve(A, "p", op(2), now=START + 2.0) == []
+    assert t.next_deadline() == HOLD
+    assert t.tick(HOLD) == [ApplyWrite(op(2), B, "p")]
+
+
+def test_writes_after_the_restart_window_are_applied_at_once() -> None:
+    t = table(hold_writes_until=HOLD)
+
+    assert t.write(op(1), A, "p", now=HOLD) == [ApplyWrite(op(1), A, "p")]
+
+
+# ---------------------------------------------------------------- counters
+def test_counters_count_leases_granted_approvals_sent_and_writes_delayed() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)  # lease 1
+    t.read(op(2), B, "p", now=0.0)  # lease 2
+    t.write(op(3), C, "q", now=0.0)  # applied at once
+    t.write_done(op(3), now=0.5, ok=True)  # lease 3 (the writer's)
+    t.write(op(4), C, "p", now=1.0)  # 2 approval requests, delayed
+    t.extend(A, [("q", True)], now=1.0)  # lease 4
+    t.connected(A, now=1.5)  # a resend is not a new request
+
+    assert (t.leases_granted, t.approvals_sent, t.writes_delayed) == (4, 2, 1)
+
+
+# ---------------------------------------------------------------- liveness of leases
+def test_holders_and_live_leases_count_a_lease_until_expiry_plus_skew_only() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), B, "p", now=1.0)
+
+    assert t.holders("p", now=just_before(10.1)) == {A: 10.0, B: 11.0}
+    assert t.live_leases(now=just_before(10.1)) == 2
+    assert t.holders("p", now=10.1) == {B: 11.0}
+    assert t.live_leases(now=10.1) == 1
+    assert t.live_leases(now=11.1) == 0
+
+
+def test_expired_leases_are_purged_by_tick() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+
+    assert t.next_deadline() == 10.1 + PURGE_GRANULARITY
+    assert t.tick(10.1 + PURGE_GRANULARITY) == []
+    assert t.holders("p", now=0.0) == {}  # gone from the table, not just expired
+    assert t.next_deadline() is None
+
+
+def test_purge_keeps_a_lease_that_was_renewed() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), A, "p", now=5.0)
+
+    assert t.tick(10.1 + PURGE_GRANULARITY) == []
+    assert t.holders("p", now=0.0) == {A: 15.0}
+    assert t.next_deadline() == 15.1 + PURGE_GRANULARITY
+
+
+# ---------------------------------------------------------------- term policy
+def test_write_shared_rule_a_path_written_hot_writes_times_within_window_gets_term_0() -> None:
+    t = LeaseTable(AdaptiveTermPolicy(default=TERM, hot_writes=3, window=10.0), skew=SKEW)
+    for n, now in enumerate([0.0, 1.0], start=1):
+        t.write(op(n), A, "p", now=now)
+        assert t.write_done(op(n), now=now, ok=True) == [WriteCommitted(op(n), A, "p", TERM)]
+    t.write(op(3), A, "p", now=2.0)
+
+    assert t.write_done(op(3), now=2.0, ok=True) == [WriteCommitted(op(3), A, "p", 0.0)]
+    assert t.read(op(4), B, "p", now=3.0) == [Grant(op(4), B, "p", 0.0)]
+    assert t.holders("p", now=3.0) == {}  # not cached anywhere
+    assert t.read(op(5), B, "q", now=3.0) == [Grant(op(5), B, "q", TERM)]  # other paths: not
+
+
+def test_write_shared_rule_returns_to_the_default_term_once_the_window_has_passed() -> None:
+    policy = AdaptiveTermPolicy(default=TERM, hot_writes=3, window=10.0)
+    for now in [0.0, 1.0, 2.0]:
+        policy.note_write("p", now)
+
+    assert policy.term("p", just_before(10.0)) == 0.0
+    assert policy.term("p", 10.0) == TERM  # the write at 0 has left the window
+    policy.note_write("p", 10.5)  # writes at 1, 2, 10.5: hot again
+    assert policy.term("p", 10.5) == 0.0
+
+
+def test_write_shared_rule_needs_hot_writes_writes_within_the_window() -> None:
+    policy = AdaptiveTermPolicy(default=TERM, hot_writes=3, window=10.0)
+    for now in [0.0, 1.0, 10.0]:  # three writes, but never three within 10 s
+        policy.note_write("p", now)
+
+    assert policy.term("p", 10.0) == TERM
+
+
+def test_write_shared_rule_is_off_when_hot_writes_is_0() -> None:
+    policy = AdaptiveTermPolicy(default=TERM, hot_writes=0, window=10.0)
+    for n in range(100):
+        policy.note_write("p", n * 0.01)
+
+    assert policy.term("p", 1.0) == TERM
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"default": -1.0},
+        {"default": math.inf},
+        {"default": math.nan},
+        {"hot_writes": -1},
+        {"window": -1.0},
+    ],
+)
+def test_term_policy_refuses_nonsense_settings(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        AdaptiveTermPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("skew", [-0.1, math.nan])
+def test_lease_table_refuses_a_negative_skew(skew: float) -> None:
+    with pytest.raises(ValueError):
+        LeaseTable(AdaptiveTermPolicy(), skew=skew)

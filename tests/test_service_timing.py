@@ -1,0 +1,276 @@
+"""Timing rules of the running service, at exact virtual instants.
+
+Every test runs under ``autojump_clock`` over memory streams (see harness.py), so
+``trio.current_time()`` after an await is the exact instant the service decided.
+Terms are the defaults (10 s, skew 0.1 s) unless a test says otherwise.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+import fscache
+from fscache import protocol as p
+
+from .harness import Cluster
+
+TERM = 10.0
+SKEW = 0.1
+
+
+def at(value: float) -> object:
+    return pytest.approx(value, abs=1e-9)
+
+
+@pytest.fixture
+async def cluster(nursery, root):
+    cluster = Cluster(nursery, root, term=TERM, skew=SKEW)
+    await cluster.start()
+    return cluster
+
+
+async def seed(cluster: Cluster, path: str = "f", data: bytes = b"v1") -> None:
+    async with cluster.client("seeder") as c:
+        await c.write(path, data)
+
+
+async def test_a_write_against_a_silent_holder_completes_at_grant_plus_term_plus_skew(cluster, autojump_clock):
+    await seed(cluster)
+    silent = await cluster.raw("silent")
+    await trio.sleep(1.0)
+    granted_at = trio.current_time()
+    reply = await silent.read("f")
+    assert isinstance(reply, p.Data) and reply.term == TERM
+    await trio.sleep(2.0)
+    async with cluster.client("writer") as writer:
+        await writer.write("f", b"v2")
+        assert trio.current_time() == at(granted_at + TERM + SKEW)
+    await silent.close()
+
+
+async def test_a_write_against_a_responsive_holder_waits_for_no_time(cluster, autojump_clock):
+    await seed(cluster)
+    async with cluster.client("reader") as reader, cluster.client("writer") as writer:
+        assert await reader.read("f") == b"v1"
+        await trio.sleep(3.0)
+        start = trio.current_time()
+        await writer.write("f", b"v2")
+        assert trio.current_time() == at(start)
+        assert reader.stats["approvals"] == 1
+        assert "f" not in reader._cache  # dropped before approving
+        assert await reader.read("f") == b"v2"
+
+
+async def test_a_holder_that_vanished_without_goodbye_is_waited_out(cluster, autojump_clock):
+    await seed(cluster)
+    crashed = await cluster.raw("crashed")
+    granted_at = trio.current_time()
+    await crashed.read("f")
+    await crashed.close()  # no goodbye: its lease must still be honoured
+    await trio.sleep(0.5)
+    async with cluster.client("writer") as writer:
+        await writer.write("f", b"v2")
+        assert trio.current_time() == at(granted_at + TERM + SKEW)
+
+
+async def test_a_holder_that_said_goodbye_has_relinquished(cluster, autojump_clock):
+    await seed(cluster)
+    async with cluster.client("leaving") as leaving:
+        await leaving.read("f")
+    start = trio.current_time()
+    async with cluster.client("writer") as writer:
+        await writer.write("f", b"v2")
+    assert trio.current_time() == at(start)
+
+
+async def test_reads_wait_for_a_waiting_write_and_then_see_its_data(cluster, autojump_clock):
+    await seed(cluster)
+    silent = await cluster.raw("silent")
+    granted_at = trio.current_time()
+    await silent.read("f")
+    seen: list[tuple[float, bytes]] = []
+    async with cluster.client("writer") as writer, cluster.client("reader") as reader:
+
+        async def read_later() -> None:
+            await trio.sleep(1.0)  # the write is already waiting by now
+            data = await reader.read("f")
+            seen.append((trio.current_time(), data))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.write, "f", b"v2")
+            nursery.start_soon(read_later)
+    assert seen == [(at(granted_at + TERM + SKEW), b"v2")]
+    await silent.close()
+
+
+async def test_writes_to_other_paths_do_not_wait(cluster, autojump_clock):
+    await seed(cluster, "blocked")
+    await seed(cluster, "free")
+    silent = await cluster.raw("silent")
+    await silent.read("blocked")
+    finished: dict[str, float] = {}
+    async with cluster.client("w1") as w1, cluster.client("w2") as w2:
+
+        async def write(client: fscache.Client, path: str) -> None:
+            await client.write(path, b"new")
+            finished[path] = trio.current_time()
+
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write, w1, "blocked")
+            nursery.start_soon(write, w2, "free")
+    assert finished == {"free": at(start), "blocked": at(start + TERM + SKEW)}
+    await silent.close()
+
+
+async def test_writes_to_one_path_are_applied_in_arrival_order(cluster, autojump_clock):
+    await seed(cluster)
+    silent = await cluster.raw("silent")
+    await silent.read("f")
+    versions: list[tuple[bytes, int]] = []
+    async with cluster.client("w1") as w1, cluster.client("w2") as w2:
+
+        async def write(client: fscache.Client, data: bytes, delay: float) -> None:
+            await trio.sleep(delay)
+            versions.append((data, await client.write("f", data)))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write, w1, b"first", 0.0)
+            nursery.start_soon(write, w2, b"second", 0.5)
+        assert [data for data, _ in versions] == [b"first", b"second"]
+        assert versions[0][1] < versions[1][1]
+        assert await w1.read("f") == b"second"
+    await silent.close()
+
+
+async def test_a_cached_read_is_trusted_until_send_plus_term_minus_skew(cluster, autojump_clock):
+    await seed(cluster)
+    async with cluster.client("reader") as reader:
+        sent_at = trio.current_time()
+        await reader.read("f")
+        stats = await reader.server_stats()
+        await trio.sleep(TERM - SKEW - 0.001)
+        await reader.read("f")
+        assert reader.stats["hits"] == 1
+        assert (await reader.server_stats())["reads"] == stats["reads"]
+        await trio.sleep(0.001)
+        assert trio.current_time() == at(sent_at + TERM - SKEW)
+        assert await reader.read("f") == b"v1"  # revalidated: not modified, no data
+        assert reader.stats["not_modified"] == 1
+        assert (await reader.server_stats())["reads_not_modified"] == 1
+
+
+async def test_concurrent_misses_on_one_path_share_one_request(cluster, autojump_clock):
+    await seed(cluster)
+    async with cluster.client("reader") as reader:
+        before = (await reader.server_stats())["reads"]
+        results = []
+
+        async def read() -> None:
+            results.append(await reader.read("f"))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(read)
+        assert results == [b"v1"] * 5
+        assert (await reader.server_stats())["reads"] == before + 1
+        assert reader.stats["reads_shared"] == 4
+
+
+async def test_cached_entries_outlive_the_server_until_expiry_then_unavailable(cluster, autojump_clock):
+    await seed(cluster)
+    async with cluster.client("reader") as reader:
+        sent_at = trio.current_time()
+        await reader.read("f")
+        cluster.refuse = True
+        await cluster.cut("reader")
+        await trio.sleep(TERM - SKEW - 0.01)
+        assert await reader.read("f") == b"v1"  # still trusted, server unreachable
+        await trio.sleep(0.01)
+        assert trio.current_time() == at(sent_at + TERM - SKEW)
+        with pytest.raises(fscache.Unavailable):
+            await reader.read("f")
+        cluster.refuse = False  # the server is back: the client reconnects by itself
+        await trio.sleep(5)
+        assert await reader.read("f") == b"v1"
+        assert reader.stats["reconnects"] >= 1
+
+
+async def test_the_server_resends_approval_requests_after_a_reconnect(cluster, autojump_clock):
+    await seed(cluster)
+    async with cluster.client("reader") as reader, cluster.client("writer") as writer:
+        await reader.read("f")
+        cluster.refuse = True
+        await cluster.cut("reader")
+        finished: list[float] = []
+
+        async def write() -> None:
+            await writer.write("f", b"v2")
+            finished.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write)
+            await trio.sleep(2.0)
+            cluster.refuse = False  # reconnects within the backoff, then approves
+        assert finished and finished[0] < TERM  # well before the lease ran out
+        assert reader.stats["approvals"] == 1
+        assert await reader.read("f") == b"v2"
+
+
+async def test_a_write_shared_file_gets_term_zero_and_is_not_cached(nursery, root, autojump_clock):
+    cluster = Cluster(nursery, root, term=TERM, skew=SKEW, hot_writes=3)
+    await cluster.start()
+    async with cluster.client("writer") as writer, cluster.client("reader") as reader:
+        for i in range(3):
+            await writer.write("hot", b"%d" % i)
+        await reader.read("hot")
+        await reader.read("hot")
+        assert reader.stats["hits"] == 0  # term 0: every read goes to the server
+        await trio.sleep(TERM)  # the write rate falls off: cached again
+        await reader.read("hot")
+        await reader.read("hot")
+        assert reader.stats["hits"] == 1
+
+
+async def test_a_restarted_server_holds_writes_but_not_reads_for_term_plus_skew(
+    nursery, root, autojump_clock
+):
+    first = Cluster(nursery, root, term=TERM, skew=SKEW)
+    await first.start()
+    await seed(first)
+    # the first incarnation "crashes": no clean shutdown is recorded
+    second = Cluster(nursery, root, term=TERM, skew=SKEW)
+    start = trio.current_time()
+    service = await second.start()
+    assert service.restart_window == at(TERM + SKEW)
+    async with second.client("c") as c:
+        assert await c.read("f") == b"v1"
+        assert trio.current_time() == at(start)
+        await c.write("f", b"v2")
+        assert trio.current_time() == at(start + TERM + SKEW)
+
+
+async def test_a_cleanly_stopped_server_needs_no_restart_window(nursery, root, autojump_clock):
+    first = Cluster(nursery, root, term=TERM, skew=SKEW)
+    service = await first.start()
+    await seed(first)
+    service.shutdown()  # no live leases: records a clean shutdown
+    second = Cluster(nursery, root, term=TERM, skew=SKEW)
+    assert (await second.start()).restart_window == 0
+
+
+async def test_extension_is_batched_with_a_term_or_stale_per_path(cluster, autojump_clock):
+    for name in ("a", "b", "c"):
+        await seed(cluster, name)
+    async with cluster.client("reader") as reader, cluster.client("writer") as writer:
+        for name in ("a", "b", "c"):
+            await reader.read(name)
+        await writer.write("b", b"changed")
+        await reader.read("b")  # cached again with the new version
+        await writer.relinquish("b")
+        cluster.service.store.write("c", b"changed on disk")  # behind the lease's back
+        before = (await reader.server_stats())["extend_requests"]
+        assert await reader.extend("a", "b", "c") == {"a": True, "b": True, "c": False}
+        assert (await reader.server_stats())["extend_requests"] == before + 1
+        assert "c" not in reader._cache
