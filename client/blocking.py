@@ -81,7 +81,7 @@ class BlockingClient:
             ) as client:
                 self._started.put((client, trio.lowlevel.current_trio_token()))
                 await self._stop.wait()
-        except BaseException as exc:  # noqa: BLE001 -- handed to the constructor's thread
+        except BaseException as exc:  # handed to the constructor's thread
             if self._started.empty():
                 self._started.put(exc)
             else:

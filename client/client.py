@@ -43,6 +43,7 @@ from fscache.errors import (
     error_for_code,
 )
 from fscache.paths import normalize
+from fscache.tls import is_auth_failure
 
 log = logging.getLogger("fscache.client")
 
@@ -387,12 +388,11 @@ class Client:
                 stream = await self._opener()
         except trio.TooSlowError:
             raise self._unavailable("timed out connecting") from None
-        except OSError as exc:
-            from fscache.tls import is_auth_failure
-
+        except (OSError, trio.BrokenResourceError) as exc:
             if is_auth_failure(exc):
-                raise Unauthorized(f"{self.address} refused the TLS handshake: {exc}") from exc
-            raise self._unavailable(f"cannot connect: {exc.strerror or exc}") from None
+                raise Unauthorized(f"TLS with {self.address} failed: {_ssl_reason(exc)}") from exc
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise self._unavailable(f"cannot connect: {reason or 'connection broken'}") from None
         decoder = p.FrameDecoder()
         try:
             with trio.fail_after(CONNECT_TIMEOUT):
@@ -409,8 +409,6 @@ class Client:
             if isinstance(exc, trio.TooSlowError):
                 raise self._unavailable("no answer to the handshake") from None
             if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError | OSError):
-                from fscache.tls import is_auth_failure
-
                 if isinstance(stream, trio.SSLStream) or is_auth_failure(exc):
                     raise Unauthorized(
                         f"{self.address} closed the TLS connection during the handshake; "
@@ -556,6 +554,16 @@ class Client:
             self._nursery.cancel_scope.cancel()
 
 
+def _ssl_reason(exc: BaseException) -> str:
+    """The innermost SSL error's words (e.g. 'certificate verify failed')."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return str(getattr(seen, "verify_message", None) or seen.reason or seen)
+        seen = seen.__cause__ or seen.__context__
+    return str(exc)
+
+
 def _copy_error(error: BaseException) -> BaseException:
     """A fresh exception of the same kind, so concurrent waiters don't share tracebacks."""
     if isinstance(error, FscacheError):
@@ -589,7 +597,11 @@ def tcp_opener(host: str, port: int, ssl_context: ssl.SSLContext | None = None) 
         if ssl_context is None:
             return await trio.open_tcp_stream(host, port)
         stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
-        await stream.do_handshake()
+        try:
+            await stream.do_handshake()
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
         return stream
 
     return open_stream

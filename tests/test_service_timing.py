@@ -35,7 +35,9 @@ async def seed(cluster: Cluster, path: str = "f", data: bytes = b"v1") -> None:
         await c.write(path, data)
 
 
-async def test_a_write_against_a_silent_holder_completes_at_grant_plus_term_plus_skew(cluster, autojump_clock):
+async def test_a_write_against_a_silent_holder_completes_at_grant_plus_term_plus_skew(
+    cluster, autojump_clock
+):
     await seed(cluster)
     silent = await cluster.raw("silent")
     await trio.sleep(1.0)
@@ -178,7 +180,9 @@ async def test_concurrent_misses_on_one_path_share_one_request(cluster, autojump
         assert reader.stats["reads_shared"] == 4
 
 
-async def test_cached_entries_outlive_the_server_until_expiry_then_unavailable(cluster, autojump_clock):
+async def test_cached_entries_outlive_the_server_until_expiry_then_unavailable(
+    cluster, autojump_clock
+):
     await seed(cluster)
     async with cluster.client("reader") as reader:
         sent_at = trio.current_time()

@@ -1,0 +1,157 @@
+"""Bad input gets a clear typed error and harms nothing (DESIGN.md guarantee 5).
+
+Each test sends something malformed on one connection and then checks that a
+well-behaved client on another connection carries on and the stored data is
+untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import cbor2
+import pytest
+import trio
+
+import fscache
+from fscache import protocol as p
+from fscache.server.service import ServerSettings, serve
+
+from .harness import Cluster, RawPeer
+
+
+@pytest.fixture
+async def cluster(nursery, root):
+    cluster = Cluster(nursery, root, max_frame=64 * 1024)
+    await cluster.start()
+    async with cluster.client("seeder") as c:
+        await c.write("f", b"intact")
+    return cluster
+
+
+async def assert_service_unharmed(cluster: Cluster) -> None:
+    async with cluster.client("bystander") as c:
+        assert await c.read("f") == b"intact"
+        await c.write("g", b"still works")
+        assert await c.read("g") == b"still works"
+
+
+async def closing_error(peer) -> p.Error:
+    """The connection-level error the server sends before it closes the connection."""
+    reply = await peer.receive()
+    assert isinstance(reply, p.Error) and reply.id is None, reply
+    assert await peer.receive() is None  # then it closed
+    return reply
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x00\x00\x00\x03abc",  # not CBOR
+        b"\x00\x00\x00\x01\x01",  # CBOR, but not a map
+        p.HEADER.pack(3) + cbor2.dumps({"t": 1}),  # a type that is not a string
+        p.HEADER.pack(len(cbor2.dumps({"t": "nope"}))) + cbor2.dumps({"t": "nope"}),
+        p.encode(p.Welcome(version=1, epoch="x", term=1.0, skew=0.1, max_frame=1)),  # server's
+        p.encode(p.Hello(version=1, client_id="again")),  # a second hello
+    ],
+    ids=["not-cbor", "not-a-map", "type-not-string", "unknown-type", "server-message", "hello"],
+)
+async def test_a_malformed_frame_closes_only_its_connection(cluster, garbage):
+    peer = await cluster.raw("bad")
+    await peer.send_bytes(garbage)
+    error = await closing_error(peer)
+    assert error.code == "protocol"
+    await assert_service_unharmed(cluster)
+
+
+async def test_a_frame_over_the_maximum_is_refused_before_its_body_arrives(cluster):
+    peer = await cluster.raw("big")
+    await peer.send_bytes(struct.pack(">I", 10 * 1024 * 1024))  # a header, no body
+    error = await closing_error(peer)
+    assert error.code == "too_large"
+    await assert_service_unharmed(cluster)
+
+
+async def test_mistyped_fields_are_a_protocol_error(cluster):
+    peer = await cluster.raw("typo")
+    body = {"t": "read", "id": 1, "path": 42}
+    payload = cbor2.dumps(body)
+    await peer.send_bytes(p.HEADER.pack(len(payload)) + payload)
+    error = await closing_error(peer)
+    assert "path" in error.message
+    await assert_service_unharmed(cluster)
+
+
+@pytest.mark.parametrize(
+    "path", ["/etc/passwd", "../outside", "a/../../b", "nul\x00byte", "x" * 2000, "", ".fscache/x"]
+)
+async def test_a_bad_path_is_answered_with_bad_path_and_the_connection_lives(cluster, path):
+    peer = await cluster.raw("paths")
+    reply = await peer.read(path, request_id=7)
+    assert isinstance(reply, p.Error) and reply.id == 7 and reply.code == "bad_path"
+    reply = await peer.read("f", request_id=8)  # same connection, still serving
+    assert isinstance(reply, p.Data) and reply.data == b"intact"
+    await peer.close()
+    await assert_service_unharmed(cluster)
+
+
+async def test_client_api_raises_typed_errors(cluster):
+    async with cluster.client("c") as c:
+        with pytest.raises(fscache.BadPath):
+            await c.read("../x")
+        with pytest.raises(fscache.BadPath):
+            await c.write("/abs", b"x")
+        with pytest.raises(fscache.NotFound):
+            await c.read("missing")
+        with pytest.raises(fscache.NotFound):
+            await c.delete("missing")
+        with pytest.raises(fscache.TooLarge):
+            await c.write("huge", b"x" * (64 * 1024))
+        version = (await c.stat("f")).version
+        with pytest.raises(fscache.Conflict):
+            await c.write("f", b"lost", if_version=version - 1)
+        assert await c.write("f", b"won", if_version=version) > version
+        with pytest.raises(fscache.IsADirectory):
+            await c.write("", b"x") if False else await c.listdir("f")
+        assert isinstance(fscache.Conflict("x"), fscache.FscacheError)
+
+
+async def test_a_client_that_stops_reading_is_dropped_and_others_carry_on(nursery, root):
+    """Real TCP: only a real socket pushes back when its reader stops reading."""
+    service = await nursery.start(
+        serve, ServerSettings(root=str(root), port=0, max_outbox=256 * 1024, hot_writes=0)
+    )
+    async with fscache.open_client("127.0.0.1", service.port) as c:
+        await c.write("big", b"x" * 60_000)
+        greedy = RawPeer(await trio.open_tcp_stream("127.0.0.1", service.port))
+        await greedy.send(p.Hello(version=p.PROTOCOL_VERSION, client_id="greedy"))
+        with contextlib.suppress(trio.BrokenResourceError):  # dropped before it finished
+            for i in range(200):  # 12 MB of replies it never reads
+                await greedy.send(p.Read(id=i + 1, path="big"))
+        with trio.fail_after(10):
+            while service.stats()["connections_dropped"] == 0:
+                await trio.sleep(0.01)
+        assert await c.read("big") == b"x" * 60_000
+        await c.write("other", b"fine")
+        await greedy.close()
+
+
+async def test_a_silent_connection_is_closed_after_the_handshake_timeout(
+    nursery, root, autojump_clock
+):
+    cluster = Cluster(nursery, root)
+    await cluster.start()
+    stream = cluster._connect("mute")
+    start = trio.current_time()
+    assert await stream.receive_some(100) == b""  # closed on us without a hello
+    assert trio.current_time() - start == pytest.approx(10.0)
+
+
+async def test_a_wrong_protocol_version_is_refused_clearly(cluster):
+    stream = cluster._connect("old")
+    await stream.send_all(p.encode(p.Hello(version=99, client_id="old")))
+    peer_decoder = p.FrameDecoder()
+    peer_decoder.feed(await stream.receive_some(65536))
+    reply = peer_decoder.next_message()
+    assert isinstance(reply, p.Error) and "version 99" in reply.message

@@ -1,0 +1,216 @@
+"""The public contract, used as a user would: real TCP on 127.0.0.1, port 0.
+
+The async API, the blocking API, the ``fscache`` command (as subprocesses) and
+mutual TLS. Timing is not asserted here (see test_service_timing.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+import trio
+
+import fscache
+from fscache.server.service import ServerSettings, serve
+from fscache.tls import client_context, make_certs
+
+STATS_FIELDS = {
+    "reads", "writes", "leases_granted", "leases_active", "approvals_sent",
+    "writes_delayed", "uptime_s",
+}  # fmt: skip
+
+
+@pytest.fixture
+async def server(nursery, root):
+    return await nursery.start(serve, ServerSettings(root=str(root), port=0))
+
+
+async def test_the_async_api_does_what_design_md_says(server):
+    async with fscache.open_client("127.0.0.1", server.port) as c:
+        version = await c.write("docs/a.txt", b"new")
+        assert isinstance(version, int)
+        assert await c.read("docs/a.txt") == b"new"
+        st = await c.stat("docs/a.txt")
+        assert (st.version, st.size) == (version, 3)
+        assert await c.listdir("docs") == ["a.txt"]
+        assert await c.listdir("") == ["docs/"]
+        await c.write("docs/b.txt", b"b")
+        await c.relinquish("docs/a.txt", "docs/b.txt")
+        assert c.stats["relinquished"] == 2
+        await c.delete("docs/a.txt")
+        with pytest.raises(fscache.NotFound):
+            await c.read("docs/a.txt")
+        assert {"hits", "misses"} <= set(c.stats)
+
+
+async def test_a_write_is_seen_by_every_other_client_at_once(server):
+    async with (
+        fscache.open_client("127.0.0.1", server.port) as a,
+        fscache.open_client("127.0.0.1", server.port) as b,
+        fscache.open_client("127.0.0.1", server.port) as c,
+    ):
+        await a.write("shared", b"1")
+        assert await b.read("shared") == await c.read("shared") == b"1"
+        await a.write("shared", b"2")
+        assert await b.read("shared") == await c.read("shared") == b"2"
+        assert b.stats["approvals"] == c.stats["approvals"] == 1
+        stats = await a.server_stats()
+        assert set(stats) >= STATS_FIELDS
+        assert stats["approvals_sent"] == 2
+
+
+async def test_the_blocking_api_answers_hits_on_the_callers_thread(server):
+    port = server.port
+
+    def use_it() -> dict:
+        with fscache.connect(f"127.0.0.1:{port}") as c:
+            c.write("b.txt", b"blocking")
+            assert c.read("b.txt") == b"blocking"
+            before = c.stats["misses"]
+            for _ in range(1000):
+                assert c.read("b.txt") == b"blocking"
+            assert c.stats["misses"] == before
+            assert c.listdir("") == ["b.txt"]
+            assert c.stat("b.txt").size == 8
+            with pytest.raises(fscache.NotFound):
+                c.read("nope")
+            c.delete("b.txt")
+            return dict(c.stats)
+
+    stats = await trio.to_thread.run_sync(use_it)
+    assert stats["hits"] >= 1000
+
+
+async def test_the_blocking_client_reports_an_unreachable_server(nursery):
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    await listeners[0].aclose()  # nothing listens there now
+
+    def try_it() -> None:
+        with pytest.raises(fscache.Unavailable):
+            fscache.connect(f"127.0.0.1:{port}")
+
+    await trio.to_thread.run_sync(try_it)
+
+
+async def test_mutual_tls_admits_our_clients_and_refuses_strangers(nursery, root, tmp_path):
+    ours, strangers = tmp_path / "ours", tmp_path / "strangers"
+    make_certs(ours)
+    make_certs(strangers)
+    server = await nursery.start(serve, ServerSettings(root=str(root), port=0, tls_dir=str(ours)))
+    async with fscache.open_client("127.0.0.1", server.port, ssl_context=client_context(ours)) as c:
+        await c.write("secret", b"s")
+        assert await c.read("secret") == b"s"
+    with pytest.raises(fscache.Unauthorized):
+        async with fscache.open_client(
+            "127.0.0.1", server.port, ssl_context=client_context(strangers)
+        ) as c:
+            await c.read("secret")
+
+
+# ---------------------------------------------------------------- the command line
+def fscache_command(
+    *args: str, stdin: bytes = b"", timeout: float = 30
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fscache", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def served(root):
+    """A real ``fscache serve`` process on a free port; yields ``host:port``."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        line = process.stdout.readline().decode()
+        assert line.startswith("fscache serving"), line + process.stderr.read().decode()
+        address = line.split(" on ")[1].split()[0]
+        yield address
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=10)
+        process.stdout.close()
+        process.stderr.close()
+
+
+def test_the_command_line_round_trip(served, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"from a file\n")
+    wrote = fscache_command("write", served, "notes/a.txt", str(source))
+    assert wrote.returncode == 0, wrote.stderr
+    assert int(wrote.stdout) > 0
+    assert fscache_command("write", served, "notes/b.txt", "-", stdin=b"stdin\n").returncode == 0
+    read = fscache_command("read", served, "notes/a.txt")
+    assert (read.returncode, read.stdout) == (0, b"from a file\n")
+    listing = fscache_command("ls", served, "notes")
+    assert listing.stdout.decode().split() == ["a.txt", "b.txt"]
+    assert fscache_command("ls", served).stdout.decode().split() == ["notes/"]
+    stats = json.loads(fscache_command("stats", served).stdout)
+    assert set(stats) >= STATS_FIELDS
+    assert stats["writes"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (("read", "{addr}", "missing"), 1, "NotFound"),
+        (("read", "{addr}", "../etc/passwd"), 1, "BadPath"),
+        (("read", "127.0.0.1:notaport", "x"), 1, "port must be"),
+        (("write", "{addr}", "x", "/no/such/file"), 1, "cannot read /no/such/file"),
+        (("read", "127.0.0.1:1", "x"), 3, "unavailable"),
+    ],
+)
+def test_command_line_errors_are_one_clear_line(served, args, code, message):
+    result = fscache_command(*(a.format(addr=served) for a in args))
+    assert result.returncode == code
+    err = result.stderr.decode()
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bad_serve_arguments_are_refused(tmp_path):
+    for args in (["--term", "-1"], ["--term", "nan"], ["--port", "70000"]):
+        result = fscache_command("serve", "--root", str(tmp_path), *args)
+        assert result.returncode == 2 and "fscache serve: error" in result.stderr.decode()
+    result = fscache_command("serve", "--root", str(tmp_path / "missing"))
+    assert result.returncode == 1 and "not a directory" in result.stderr.decode()
+
+
+def test_certs_command_makes_usable_certificates(tmp_path):
+    result = fscache_command("certs", str(tmp_path / "tls"))
+    assert result.returncode == 0, result.stderr
+    assert {"ca.pem", "server.pem", "client.pem"} <= set(os.listdir(tmp_path / "tls"))
+    again = fscache_command("certs", str(tmp_path / "tls"))
+    assert again.returncode == 1 and "overwrite" in again.stderr.decode()
+
+
+def test_blocking_client_from_many_threads(served):
+    with fscache.connect(served) as c:
+        c.write("t", b"x")
+        errors: list[BaseException] = []
+
+        def hammer() -> None:
+            try:
+                for _ in range(200):
+                    assert c.read("t") == b"x"
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
