@@ -74,7 +74,8 @@ class _Request:
     message: p.Message
     sent_at: float
     path: str = ""
-    data: bytes = b""  # a not-modified read: the cached data it confirmed
+    data: bytes = b""  # a revalidating read: the cached data of the version it names
+    id: int = 0
     reply: p.Message | None = None
     error: BaseException | None = None
     done: trio.Event = dataclasses.field(default_factory=trio.Event)
@@ -124,6 +125,9 @@ class Client:
         self._next_id = 0
         self._inflight: dict[str, _Request] = {}  # single-flight misses, by path
         self._to_relinquish: list[str] = []
+        # path: id of the last Relinquish sent for it. A reply to a request sent before
+        # that must not be cached: the server has already dropped the lease it granted.
+        self._relinquished: dict[str, int] = {}
         self._relinquish_wake = trio.Event()
         self._closing = False
         self._nursery: trio.Nursery | None = None
@@ -193,7 +197,12 @@ class Client:
             return
         self._counters["relinquished"] += len(normal)
         link = await self._current_link()
-        await self._call(link, lambda i: p.Relinquish(id=i, paths=normal))
+        await self._call(link, lambda i: self._relinquish_message(i, normal))
+
+    def _relinquish_message(self, request_id: int, paths: list[str]) -> p.Relinquish:
+        for path in paths:
+            self._relinquished[path] = request_id
+        return p.Relinquish(id=request_id, paths=paths)
 
     async def extend(self, *paths: str) -> dict[str, bool]:
         """Extend the leases of cached ``paths`` in one message; per path, whether the
@@ -261,6 +270,8 @@ class Client:
         entry = self._cache.get(path)
         have = entry.version if entry is not None else None
         request = _Request(p.Read(id=0, path=path, have=have), sent_at=0.0, path=path)
+        if entry is not None:
+            request.data = entry.data
         self._inflight[path] = request
         try:
             link = await self._current_link()
@@ -307,6 +318,7 @@ class Client:
         self._next_id += 1
         request_id = self._next_id
         request.message = make(request_id)
+        request.id = request_id
         request.sent_at = self._clock()
         if not link.waiting:
             link.last_heard = request.sent_at  # silence is measured from the first request
@@ -330,6 +342,7 @@ class Client:
         link.last_heard = self._clock()
         if isinstance(message, p.ApprovalRequest):
             self._cache.drop(message.path)  # drop first ...
+            self._inflight.pop(message.path, None)  # (no new reader joins an older answer)
             self._counters["approvals"] += 1
             self._nursery_start(self._approve, link, message)  # ... then approve
             return
@@ -337,36 +350,42 @@ class Client:
             raise error_for_code(message.code, message.message)
         request_id = getattr(message, "id", None)
         request = link.waiting.pop(request_id, None) if request_id is not None else None
-        if request is None:
-            return  # a reply nobody waits for any more (ping, cancelled request)
-        if isinstance(message, p.Error):
-            request.error = error_for_code(message.code, message.message)
-        else:
-            request.reply = message
-            self._apply_reply(request, message)
-        request.done.set()
+        if request is not None:
+            if isinstance(message, p.Error):
+                request.error = error_for_code(message.code, message.message)
+            else:
+                request.reply = message
+                self._apply_reply(request, message)
+            request.done.set()
+        if not link.waiting:
+            self._relinquished.clear()  # every later request is newer than these
 
     def _apply_reply(self, request: _Request, reply: p.Message) -> None:
         """Cache effects of a successful reply (runs in the reader, in order)."""
         sent = request.message
+        if self._inflight.get(request.path) is request:
+            del self._inflight[request.path]  # later readers must ask anew
+        may_cache = self._relinquished.get(request.path, 0) < request.id
         evicted: list[str] = []
         if isinstance(reply, p.Data):
-            evicted = self._cache.store(
-                request.path, reply.data, reply.version, reply.term, request.sent_at
-            )
+            if may_cache:
+                evicted = self._cache.store(
+                    request.path, reply.data, reply.version, reply.term, request.sent_at
+                )
         elif isinstance(reply, p.NotModified):
             self._counters["not_modified"] += 1
-            entry = self._cache.get(request.path)
-            if entry is not None and entry.version == reply.version:
-                request.data = entry.data
-                self._cache.extend(request.path, reply.version, reply.term, request.sent_at)
-            else:  # cannot happen with a correct server; fail safe rather than guess
-                request.reply = None
-                request.error = ProtocolError("not-modified for a version not cached")
+            if not isinstance(sent, p.Read) or sent.have != reply.version:
+                request.reply = None  # a server bug; fail safe rather than guess
+                request.error = ProtocolError("not-modified for a version not asked about")
+            elif may_cache:
+                evicted = self._cache.store(
+                    request.path, request.data, reply.version, reply.term, request.sent_at
+                )
         elif isinstance(reply, p.Written) and isinstance(sent, p.Write):
-            evicted = self._cache.store(
-                request.path, sent.data, reply.version, reply.term, request.sent_at
-            )
+            if may_cache:
+                evicted = self._cache.store(
+                    request.path, sent.data, reply.version, reply.term, request.sent_at
+                )
         elif isinstance(reply, p.Done) and isinstance(sent, p.Delete):
             self._cache.drop(request.path)
         if evicted:
@@ -502,7 +521,7 @@ class Client:
                 batch = [path for path in batch if path not in self._cache]
                 if batch:
                     self._next_id += 1
-                    await link.send(p.Relinquish(id=self._next_id, paths=batch))
+                    await link.send(self._relinquish_message(self._next_id, batch))
 
     def _set_link(self, link: _Link) -> None:
         self._link = link

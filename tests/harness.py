@@ -36,6 +36,7 @@ class Cluster:
         self.service: FileService | None = None
         self.links: dict[str, list[trio.abc.Stream]] = {}
         self.refuse = False  # when True, new connections fail (server unreachable)
+        self.gates: dict[str, HeldStream] = {}
 
     async def start(self) -> FileService:
         self.service = FileService(self.settings, blocking_io=run_inline)
@@ -47,8 +48,17 @@ class Cluster:
             raise OSError(111, "connection refused")
         client_side, server_side = trio.testing.memory_stream_pair()
         self.links.setdefault(name, []).append(client_side)
-        self.nursery.start_soon(self.service.serve_stream, server_side)
+        gated = self.gates.setdefault(name, HeldStream(server_side))
+        gated.inner = server_side
+        self.nursery.start_soon(self.service.serve_stream, gated)
         return client_side
+
+    def hold(self, name: str) -> None:
+        """Stop delivering the server's frames to ``name`` (they queue, in order)."""
+        self.gates[name].hold()
+
+    def release(self, name: str) -> None:
+        self.gates[name].release()
 
     def opener(self, name: str) -> Callable[[], Any]:
         async def open_stream() -> trio.abc.Stream:
@@ -74,6 +84,35 @@ class Cluster:
         """Break every link of ``name`` at once (as a crash or a cable pull would)."""
         for stream in self.links.pop(name, []):
             await trio.aclose_forcefully(stream)
+
+
+class HeldStream(trio.abc.Stream):
+    """The server's end of a link, whose sending can be held and released."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self._open = trio.Event()
+        self._open.set()
+
+    def hold(self) -> None:
+        if self._open.is_set():
+            self._open = trio.Event()
+
+    def release(self) -> None:
+        self._open.set()
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._open.wait()
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 class RawPeer:

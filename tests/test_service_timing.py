@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 import fscache
 from fscache import protocol as p
@@ -278,3 +279,19 @@ async def test_extension_is_batched_with_a_term_or_stale_per_path(cluster, autoj
         assert await reader.extend("a", "b", "c") == {"a": True, "b": True, "c": False}
         assert (await reader.server_stats())["extend_requests"] == before + 1
         assert "c" not in reader._cache
+
+
+async def test_a_reply_to_a_read_sent_before_a_relinquish_is_not_cached(cluster, autojump_clock):
+    """The server drops the lease on Relinquish; a grant it made just before must not
+    turn into a cache entry the server no longer protects."""
+    await seed(cluster)
+    async with cluster.client("reader") as reader, cluster.client("writer") as writer:
+        cluster.hold("reader")  # the server's replies to reader queue up
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader.read, "f")  # granted v1 ... (reply held)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(reader.relinquish, "f")  # ... then relinquished
+            await trio.testing.wait_all_tasks_blocked()
+            await writer.write("f", b"v2")  # no holder left: applied at once
+            cluster.release("reader")
+        assert await reader.read("f") == b"v2"
