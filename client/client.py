@@ -386,7 +386,7 @@ class Client:
                 evicted = self._cache.store(
                     request.path, sent.data, reply.version, reply.term, request.sent_at
                 )
-        elif isinstance(reply, p.Done) and isinstance(sent, p.Delete):
+        elif isinstance(sent, p.Delete):
             self._cache.drop(request.path)
         if evicted:
             self._to_relinquish.extend(evicted)

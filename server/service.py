@@ -317,9 +317,10 @@ class FileService:
                 if hello is None:
                     return
                 await self._serve_client(stream, decoder, hello, peer)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            log.debug("%s: connection lost: %s", peer, exc)
-        except Exception:  # a bug must cost one connection, never the server
+        # except*: _serve_client's nursery wraps a reset connection in an ExceptionGroup
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as lost:
+            log.debug("%s: connection lost: %s", peer, lost.exceptions[0])
+        except* Exception:  # a bug must cost one connection, never the server
             log.exception("%s: internal error; connection closed", peer)
 
     async def _handshake(
@@ -540,9 +541,14 @@ class FileService:
                 self._nursery.start_soon(self._apply_write, effect)
             elif isinstance(effect, WriteCommitted):
                 pending = self._pending.pop(effect.op)
-                pending.connection.send(
-                    p.Written(id=pending.request.id, version=pending.version, term=effect.term)
-                )
+                request = pending.request
+                if isinstance(request, p.Delete):  # nothing to cache: no lease either
+                    pending.connection.send(p.Done(id=request.id))
+                    self._execute(self.table.relinquish(effect.holder, [effect.path], self.clock()))
+                else:
+                    pending.connection.send(
+                        p.Written(id=request.id, version=pending.version, term=effect.term)
+                    )
             elif isinstance(effect, Discarded):
                 self._pending.pop(effect.op, None)
         self._deadline_may_have_moved()  # even with no effects: a write may now wait

@@ -295,3 +295,18 @@ async def test_a_reply_to_a_read_sent_before_a_relinquish_is_not_cached(cluster,
             await writer.write("f", b"v2")  # no holder left: applied at once
             cluster.release("reader")
         assert await reader.read("f") == b"v2"
+
+
+async def test_a_deleted_file_is_gone_from_every_cache_including_the_deleters(
+    cluster, autojump_clock
+):
+    await seed(cluster)
+    async with cluster.client("deleter") as deleter, cluster.client("reader") as reader:
+        assert await deleter.read("f") == await reader.read("f") == b"v1"
+        start = trio.current_time()
+        await deleter.delete("f")
+        assert trio.current_time() == at(start)  # the reader approved at once
+        for client in (deleter, reader):
+            with pytest.raises(fscache.NotFound):
+                await client.read("f")
+        assert cluster.service.table.holders("f", trio.current_time()) == {}
