@@ -28,7 +28,7 @@ import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -48,6 +48,7 @@ from fscache.tls import is_auth_failure
 log = logging.getLogger("fscache.client")
 
 Opener = Callable[[], Awaitable[trio.abc.Stream]]
+M = TypeVar("M", bound=p.Message)
 
 DEFAULT_PORT = 7710
 CONNECT_TIMEOUT = 5.0
@@ -163,7 +164,11 @@ class Client:
             raise TooLarge(f"{len(data)} bytes is over the server's limit")
         self._counters["writes"] += 1
         reply = await self._call(
-            link, lambda i: p.Write(id=i, path=path, data=data, if_version=if_version), path
+            link,
+            lambda i: self._void_own_copy(
+                i, path, p.Write(id=i, path=path, data=data, if_version=if_version)
+            ),
+            path,
         )
         assert isinstance(reply, p.Written)
         return reply.version
@@ -172,7 +177,25 @@ class Client:
         path = normalize(path)
         self._counters["deletes"] += 1
         link = await self._current_link()
-        await self._call(link, lambda i: p.Delete(id=i, path=path, if_version=if_version), path)
+        await self._call(
+            link,
+            lambda i: self._void_own_copy(
+                i, path, p.Delete(id=i, path=path, if_version=if_version)
+            ),
+            path,
+        )
+
+    def _void_own_copy(self, request_id: int, path: str, message: M) -> M:
+        """Builds the write or delete ``message`` of ``path`` as it is sent.
+
+        The server asks every holder but the writer for approval, and other clients can
+        read the new contents before our reply arrives -- or if it never does. So from
+        now on our old copy is void: drop it, let no new reader join an older read, and
+        do not cache the reply to any request sent before this one."""
+        self._cache.drop(path)
+        self._inflight.pop(path, None)
+        self._relinquished[path] = request_id
+        return message
 
     async def stat(self, path: str) -> StatResult:
         path = normalize(path, allow_root=True)
@@ -365,7 +388,7 @@ class Client:
         sent = request.message
         if self._inflight.get(request.path) is request:
             del self._inflight[request.path]  # later readers must ask anew
-        may_cache = self._relinquished.get(request.path, 0) < request.id
+        may_cache = request.id >= self._relinquished.get(request.path, 0)
         evicted: list[str] = []
         if isinstance(reply, p.Data):
             if may_cache:
