@@ -235,7 +235,7 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from fscache.demo import run_crash_demo
+    from fscache.bench.demo import run_crash_demo
 
     if args.clients < 2:
         raise FscacheError("--clients must be at least 2 (one to kill, one to approve)")

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from fscache import demo
+from fscache.bench import demo
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 The demo runs the real thing: a server process (``fscache serve``), N reader
-*processes* (this module's hidden ``worker`` entry point, ``python -m fscache.demo
+*processes* (this module's hidden ``worker`` entry point, ``python -m fscache.bench.demo
 worker``) and a writer, which is a client in this process. Each reader caches
 ``demo/shared.txt`` under a lease; reader 0 is then killed with SIGKILL, so it can
 never approve anything. The writer writes: the live readers approve at once, and
@@ -406,7 +406,7 @@ class _CrashDemo:
     async def _start_readers(self, nursery: trio.Nursery) -> None:
         for i in range(self.clients):
             argv = [
-                sys.executable, "-m", "fscache.demo", "worker", "--port", str(self.port),
+                sys.executable, "-m", "fscache.bench.demo", "worker", "--port", str(self.port),
                 "--client-id", f"demo-reader-{i}", "--path", PATH,
             ]  # fmt: skip
             proc, log_path = self.children.start(f"reader-{i}", argv)
@@ -863,7 +863,7 @@ async def _worker(port: int, client_id: str, path: str) -> None:
 
 
 def _worker_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fscache.demo worker")
+    parser = argparse.ArgumentParser(prog="python -m fscache.bench.demo worker")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--client-id", required=True)
     parser.add_argument("--path", default=PATH)
