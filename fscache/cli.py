@@ -165,7 +165,13 @@ def _serve(args: argparse.Namespace) -> int:
                 async for signum in signals:
                     print(f"{signal.Signals(signum).name}: shutting down", flush=True)
                     break
-            service.shutdown()
+            live = service.shutdown()
+            if live:
+                print(
+                    f"{live} lease(s) still live: the next start holds writes for "
+                    f"{service.policy.max_term + args.skew:g} s",
+                    flush=True,
+                )
             nursery.cancel_scope.cancel()
 
     trio.run(run)

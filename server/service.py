@@ -619,10 +619,13 @@ class FileService:
             "restart_window_s": round(max(0.0, table.hold_writes_until - now), 3),
         }
 
-    def shutdown(self) -> None:
-        """Called on a clean stop: if no lease is live, the next start needs no window."""
-        if self.table.live_leases(self.clock()) == 0 and not self._pending:
+    def shutdown(self) -> int:
+        """Called on a clean stop: if no lease is live, the next start needs no window.
+        Returns how many leases are still live (then the next start will hold writes)."""
+        live = self.table.live_leases(self.clock())
+        if live == 0 and not self._pending:
             end_incarnation_cleanly(self.settings.root)
+        return live
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
