@@ -23,7 +23,8 @@ Rules (Gray & Cheriton, SOSP 1989, and DESIGN.md section 2):
   (no writer starvation). Writes to one path are applied in arrival order;
   different paths never wait for each other.
 * When a write is applied every lease on the path ends (each holder approved
-  or expired); the writer gets a lease on the new contents.
+  or expired); the writer gets a lease on the new contents. If applying it
+  failed, the writer keeps its lease: its copy of the old contents is current.
 * Restart window: a new incarnation may hold writes back until
   ``hold_writes_until`` (``start + max_term + skew``), because leases granted by
   the previous incarnation may still be live. Reads are granted at once.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import struct
 import types
 import typing
@@ -277,11 +278,14 @@ def _exact(kind: type) -> Check:
 
 
 def _number(value: Any) -> float:
-    if type(value) is float:
-        return value
+    """A finite number: a term of inf would make a cache trust its copy forever."""
     if type(value) is int:
-        return float(value)
-    raise _Mismatch(f"expected a number, got {type(value).__name__}")
+        value = float(value)
+    if type(value) is not float:
+        raise _Mismatch(f"expected a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise _Mismatch(f"expected a finite number, got {value!r}")
+    return value
 
 
 def _any_map(value: Any) -> Any:

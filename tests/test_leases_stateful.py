@@ -5,8 +5,10 @@ random reads, writes, approvals, extensions, relinquishes, disconnects (with and
 without goodbye), reconnects, the passing of time, and the completion of writes.
 Beside it runs a deliberately simple model: per path the committed version; per
 holder and path the copy it has cached, of which version, and the expiry the
-server recorded for it. A holder drops its copy before approving, on relinquish
-and on goodbye; a holder cut off without goodbye keeps its copy until it expires.
+server recorded for it. A holder drops its copy when it handles an approval
+request; the approval reaches the server later, possibly after the holder has
+read the path again (a late, stale approval). A holder drops its copies on
+relinquish and on goodbye; one cut off without goodbye keeps them until they expire.
 
 The invariants are the consistency guarantee and the rules that give it:
 
@@ -90,10 +92,12 @@ class LeaseTableMachine(RuleBasedStateMachine):
         self.connected = set(HOLDERS)
         self.queued: dict[OpId, PendingOp] = {}  # arrived, not granted / applied
         self.applying: dict[OpId, PendingOp] = {}  # ApplyWrite handed out
-        self.approval_requests: set[tuple[HolderId, str, OpId]] = set()
+        self.approval_requests: set[tuple[HolderId, str, OpId]] = set()  # not yet handled
+        self.approvals_in_flight: list[tuple[HolderId, str, OpId]] = []
         self.granted_order: dict[str, list[OpId]] = {path: [] for path in PATHS}
         self.leases_granted = 0
         self.approvals_sent = 0
+        self.writes_delayed = 0
 
     def new_op(self) -> OpId:
         self.next_op += 1
@@ -167,51 +171,73 @@ class LeaseTableMachine(RuleBasedStateMachine):
         self.applying[apply.op] = write
 
     # ------------------------------------------------------------ rules
-    @rule(holder=st.sampled_from(HOLDERS), path=st.sampled_from(PATHS))
-    def read(self, holder: HolderId, path: str) -> None:
-        if holder not in self.connected:
-            return
+    def connected_holder(self, data: st.DataObject) -> HolderId:
+        return data.draw(st.sampled_from(sorted(self.connected)), label="holder")
+
+    @precondition(lambda self: self.connected)
+    @rule(data=st.data(), path=st.sampled_from(PATHS))
+    def read(self, data: st.DataObject, path: str) -> None:
+        holder = self.connected_holder(data)
         op = self.new_op()
         self.queued[op] = PendingOp(op, holder, path, is_write=False)
         busy = any(
             w.path == path and w.is_write for w in [*self.queued.values(), *self.applying.values()]
         )
         effects = self.table.read(op, holder, path, self.now)
-        if busy:
+        if busy:  # (c) it waits for the write
             assert effects == []
         else:
             assert len(effects) == 1 and isinstance(effects[0], Grant)
         self.absorb(effects)
 
-    @rule(holder=st.sampled_from(HOLDERS), path=st.sampled_from(PATHS))
-    def write(self, holder: HolderId, path: str) -> None:
-        if holder not in self.connected:
-            return
+    @precondition(lambda self: self.connected)
+    @rule(data=st.data(), path=st.sampled_from(PATHS))
+    def write(self, data: st.DataObject, path: str) -> None:
+        holder = self.connected_holder(data)
         op = self.new_op()
         self.queued[op] = PendingOp(op, holder, path, is_write=True)
-        self.absorb(self.table.write(op, holder, path, self.now))
+        effects = self.table.write(op, holder, path, self.now)
+        if ApplyWrite(op, holder, path) not in effects:
+            self.writes_delayed += 1
+        self.absorb(effects)
 
     @precondition(lambda self: self.approval_requests)
     @rule(data=st.data())
-    def approve(self, data: st.DataObject) -> None:
-        holder, path, write = data.draw(st.sampled_from(sorted(self.approval_requests)))
-        self.approval_requests.discard((holder, path, write))
-        self.copies.pop((holder, path), None)  # the client drops first, then approves
+    def handle_approval_request(self, data: st.DataObject) -> None:
+        """The client drops its copy and sends the approval (it arrives later)."""
+        request = data.draw(st.sampled_from(sorted(self.approval_requests)))
+        self.approval_requests.discard(request)
+        holder, path, _ = request
+        self.copies.pop((holder, path), None)
+        self.approvals_in_flight.append(request)
+
+    @precondition(lambda self: self.approvals_in_flight)
+    @rule(data=st.data())
+    def deliver_approval(self, data: st.DataObject) -> None:
+        """An approval reaches the server, perhaps after its holder has read the path
+        again (a read sent before the approval, answered after it)."""
+        holder, path, write = self.approvals_in_flight.pop(
+            data.draw(st.integers(0, len(self.approvals_in_flight) - 1))
+        )
         self.absorb(self.table.approve(holder, path, write, self.now))
 
-    @rule(holder=st.sampled_from(HOLDERS), paths=st.sets(st.sampled_from(PATHS), min_size=1))
-    def relinquish(self, holder: HolderId, paths: set[str]) -> None:
-        if holder not in self.connected:
-            return
+    @precondition(lambda self: self.connected)
+    @rule(data=st.data(), paths=st.sets(st.sampled_from(PATHS), min_size=1))
+    def relinquish(self, data: st.DataObject, paths: set[str]) -> None:
+        holder = self.connected_holder(data)
         for path in paths:
             self.copies.pop((holder, path), None)
         self.absorb(self.table.relinquish(holder, sorted(paths), self.now))
 
-    @rule(holder=st.sampled_from(HOLDERS), paths=st.sets(st.sampled_from(PATHS), min_size=1))
-    def extend(self, holder: HolderId, paths: set[str]) -> None:
-        named = [p for p in sorted(paths) if (holder, p) in self.copies]
-        if holder not in self.connected or not named:
-            return
+    def extenders(self) -> list[HolderId]:
+        return sorted({h for h, _ in self.copies if h in self.connected})
+
+    @precondition(lambda self: self.extenders())
+    @rule(data=st.data())
+    def extend(self, data: st.DataObject) -> None:
+        """A client extends every copy it caches, in one batch."""
+        holder = data.draw(st.sampled_from(self.extenders()), label="holder")
+        named = sorted(p for h, p in self.copies if h == holder)
         batch = [(p, self.copies[(holder, p)].version == self.version[p]) for p in named]
         terms = self.table.extend(holder, batch, self.now)
         assert len(terms) == len(named)
@@ -223,12 +249,14 @@ class LeaseTableMachine(RuleBasedStateMachine):
             else:
                 self.take_copy(holder, path, term)
 
-    @rule(holder=st.sampled_from(HOLDERS), goodbye=st.booleans())
-    def disconnect(self, holder: HolderId, goodbye: bool) -> None:
-        if holder not in self.connected:
-            return
+    @precondition(lambda self: self.connected)
+    @rule(data=st.data(), goodbye=st.booleans())
+    def disconnect(self, data: st.DataObject, goodbye: bool) -> None:
+        holder = self.connected_holder(data)
         self.connected.discard(holder)
+        # what was on the wire is lost; the server resends requests on reconnect
         self.approval_requests = {r for r in self.approval_requests if r[0] != holder}
+        self.approvals_in_flight = [r for r in self.approvals_in_flight if r[0] != holder]
         if goodbye:  # the client closes: its cache goes with it
             self.copies = {k: c for k, c in self.copies.items() if k[0] != holder}
         its_reads = {q.op for q in self.queued.values() if q.holder == holder and not q.is_write}
@@ -242,10 +270,10 @@ class LeaseTableMachine(RuleBasedStateMachine):
             assert len(discarded) == len(effects)
         self.absorb(effects[len(discarded) :])
 
-    @rule(holder=st.sampled_from(HOLDERS))
-    def reconnect(self, holder: HolderId) -> None:
-        if holder in self.connected:
-            return
+    @precondition(lambda self: len(self.connected) < len(HOLDERS))
+    @rule(data=st.data())
+    def reconnect(self, data: st.DataObject) -> None:
+        holder = data.draw(st.sampled_from(sorted(set(HOLDERS) - self.connected)))
         self.connected.add(holder)
         self.absorb(self.table.connected(holder, self.now), resend=True)
 
@@ -317,6 +345,7 @@ class LeaseTableMachine(RuleBasedStateMachine):
     def counters_match_the_model(self) -> None:
         assert self.table.leases_granted == self.leases_granted
         assert self.table.approvals_sent == self.approvals_sent
+        assert self.table.writes_delayed == self.writes_delayed
         assert self.table.live_leases(self.now) == sum(
             len(self.table.holders(path, self.now)) for path in PATHS
         )
@@ -335,8 +364,11 @@ class LeaseTableMachine(RuleBasedStateMachine):
             for op in sorted(self.applying):
                 self.complete(op, ok=True)
             for holder, path, write in sorted(self.approval_requests):
-                self.approval_requests.discard((holder, path, write))
                 self.copies.pop((holder, path), None)
+                self.approvals_in_flight.append((holder, path, write))
+            self.approval_requests.clear()
+            while self.approvals_in_flight:
+                holder, path, write = self.approvals_in_flight.pop(0)
                 self.absorb(self.table.approve(holder, path, write, self.now))
             deadline = self.table.next_deadline()
             if deadline is not None:

@@ -1,0 +1,224 @@
+"""The client's lease cache: what a client may answer without asking the server.
+
+Every time here is the client's own monotonic clock, passed in explicitly. The skew
+is 0.1 s; a lease of ``term`` granted to a request sent at ``sent_at`` is trusted
+until ``sent_at + term - skew`` exactly, and not an instant longer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fscache.cache import LeaseCache
+
+SKEW = 0.1
+
+
+def just_before(t: float) -> float:
+    return math.nextafter(t, -math.inf)
+
+
+def cache(max_bytes: int = 1 << 20) -> LeaseCache:
+    return LeaseCache(skew=SKEW, max_bytes=max_bytes)
+
+
+def expiry_of(c: LeaseCache, path: str) -> float:
+    entry = c.get(path)
+    assert entry is not None
+    return entry.expiry
+
+
+# ---------------------------------------------------------------- expiry
+def test_expiry_is_sent_at_plus_term_minus_skew_exactly() -> None:
+    c = cache()
+
+    assert c.store("p", b"data", version=1, term=10.0, sent_at=5.0) == []
+    entry = c.get("p")
+    assert entry is not None
+    assert (entry.data, entry.version, entry.expiry) == (b"data", 1, 14.9)
+
+
+def test_lookup_hits_before_expiry_and_misses_at_and_after_it() -> None:
+    c = cache()
+    c.store("p", b"data", version=1, term=10.0, sent_at=5.0)
+
+    assert c.lookup("p", now=5.0) == b"data"
+    assert c.lookup("p", now=just_before(14.9)) == b"data"
+    assert c.lookup("p", now=14.9) is None
+    assert c.lookup("p", now=20.0) is None
+    assert c.lookup("other", now=5.0) is None
+    assert c.hits == 2
+
+
+def test_an_expired_entry_is_kept_for_revalidation() -> None:
+    c = cache()
+    c.store("p", b"data", version=3, term=10.0, sent_at=0.0)
+
+    assert c.lookup("p", now=30.0) is None
+    entry = c.get("p")
+    assert entry is not None and entry.version == 3  # its version goes in the next read
+
+
+@pytest.mark.parametrize("term", [0.0, 0.05, SKEW])
+def test_a_term_not_longer_than_the_skew_is_not_cached(term: float) -> None:
+    c = cache()
+
+    assert c.store("p", b"data", version=1, term=term, sent_at=5.0) == []
+    assert "p" not in c
+    assert c.lookup("p", now=5.0) is None
+    assert c.nbytes == 0
+
+
+def test_a_term_not_longer_than_the_skew_also_drops_the_copy_cached_before() -> None:
+    c = cache()
+    c.store("p", b"old", version=1, term=10.0, sent_at=0.0)
+
+    c.store("p", b"new", version=2, term=0.0, sent_at=1.0)  # the path became write-shared
+    assert "p" not in c
+    assert c.nbytes == 0
+
+
+def test_a_term_just_over_the_skew_is_cached_briefly() -> None:
+    c = cache()
+    c.store("p", b"data", version=1, term=0.25, sent_at=1.0)
+
+    entry = c.get("p")
+    assert entry is not None and entry.expiry == 1.0 + 0.25 - SKEW
+    assert c.lookup("p", now=1.1) == b"data"
+    assert c.lookup("p", now=1.15) is None
+
+
+# ---------------------------------------------------------------- versions and extension
+def test_an_older_version_never_overwrites_a_newer_one() -> None:
+    c = cache()
+    c.store("p", b"v2", version=2, term=10.0, sent_at=1.0)
+
+    assert c.store("p", b"v1", version=1, term=10.0, sent_at=2.0) == []  # a late reply
+    assert c.lookup("p", now=2.0) == b"v2"
+    entry = c.get("p")
+    assert entry is not None and (entry.version, entry.expiry) == (2, 10.9)
+
+
+def test_the_same_or_a_newer_version_replaces_the_entry() -> None:
+    c = cache()
+    c.store("p", b"v1", version=1, term=10.0, sent_at=0.0)
+
+    c.store("p", b"v1", version=1, term=10.0, sent_at=4.0)
+    assert expiry_of(c, "p") == 13.9
+    c.store("p", b"v2!", version=2, term=10.0, sent_at=5.0)
+    assert c.lookup("p", now=5.0) == b"v2!"
+    assert c.nbytes == 3
+
+
+def test_extend_pushes_the_expiry_on_for_the_same_version_only() -> None:
+    c = cache()
+    c.store("p", b"data", version=1, term=10.0, sent_at=0.0)
+
+    assert c.extend("p", version=1, term=10.0, sent_at=5.0) is True
+    assert expiry_of(c, "p") == 14.9
+    assert c.extend("p", version=2, term=10.0, sent_at=6.0) is False
+    assert expiry_of(c, "p") == 14.9
+    assert c.extend("missing", version=1, term=10.0, sent_at=6.0) is False
+    assert "missing" not in c
+
+
+def test_extend_never_shortens_a_lease() -> None:
+    c = cache()
+    c.store("p", b"data", version=1, term=10.0, sent_at=5.0)
+
+    assert c.extend("p", version=1, term=10.0, sent_at=1.0) is True  # an older request
+    assert expiry_of(c, "p") == 14.9
+
+
+def test_extend_with_a_term_not_longer_than_the_skew_drops_the_entry() -> None:
+    c = cache()
+    c.store("p", b"data", version=1, term=10.0, sent_at=0.0)
+
+    assert c.extend("p", version=1, term=0.0, sent_at=1.0) is False
+    assert "p" not in c
+
+
+# ---------------------------------------------------------------- size bound
+def test_eviction_is_by_bytes_and_returns_the_evicted_paths_in_lru_order() -> None:
+    c = cache(max_bytes=10)
+    assert c.store("a", b"aaaa", version=1, term=10.0, sent_at=0.0) == []
+    assert c.store("b", b"bbbb", version=1, term=10.0, sent_at=0.0) == []
+    assert c.store("c", b"cc", version=1, term=10.0, sent_at=0.0) == []  # exactly full
+
+    assert c.store("d", b"ddddd", version=1, term=10.0, sent_at=0.0) == ["a", "b"]
+    assert list(c.entries) == ["c", "d"]
+    assert (c.nbytes, c.evictions, len(c)) == (7, 2, 2)
+
+
+def test_a_hit_makes_an_entry_most_recently_used() -> None:
+    c = cache(max_bytes=10)
+    c.store("a", b"aaaa", version=1, term=10.0, sent_at=0.0)
+    c.store("b", b"bbbb", version=1, term=10.0, sent_at=0.0)
+    c.store("c", b"cc", version=1, term=10.0, sent_at=0.0)
+
+    assert c.lookup("a", now=1.0) == b"aaaa"
+    assert c.store("d", b"ddddd", version=1, term=10.0, sent_at=1.0) == ["b", "c"]
+    assert list(c.entries) == ["a", "d"]
+
+
+def test_a_miss_does_not_refresh_recency() -> None:
+    c = cache(max_bytes=8)
+    c.store("a", b"aaaa", version=1, term=1.0, sent_at=0.0)
+    c.store("b", b"bbbb", version=1, term=10.0, sent_at=0.0)
+
+    assert c.lookup("a", now=5.0) is None  # expired
+    assert c.store("c", b"c", version=1, term=10.0, sent_at=5.0) == ["a"]
+
+
+def test_data_larger_than_the_whole_cache_is_not_cached_and_evicts_nothing() -> None:
+    c = cache(max_bytes=4)
+    c.store("a", b"aaaa", version=1, term=10.0, sent_at=0.0)
+
+    assert c.store("big", b"12345", version=1, term=10.0, sent_at=0.0) == []
+    assert list(c.entries) == ["a"]
+
+
+def test_a_growing_entry_is_counted_at_its_new_size() -> None:
+    c = cache(max_bytes=10)
+    c.store("a", b"aaaa", version=1, term=10.0, sent_at=0.0)
+    c.store("b", b"bb", version=1, term=10.0, sent_at=0.0)
+
+    assert c.store("a", b"a" * 9, version=2, term=10.0, sent_at=1.0) == ["b"]
+    assert (c.nbytes, list(c.entries)) == (9, ["a"])
+
+
+def test_max_bytes_must_not_be_negative() -> None:
+    with pytest.raises(ValueError):
+        LeaseCache(skew=SKEW, max_bytes=-1)
+
+
+# ---------------------------------------------------------------- drop, clear, expired
+def test_drop_forgets_a_path_and_says_whether_it_was_cached() -> None:
+    c = cache()
+    c.store("p", b"data", version=1, term=10.0, sent_at=0.0)
+
+    assert c.drop("p") is True
+    assert c.drop("p") is False
+    assert c.lookup("p", now=0.0) is None
+    assert (c.nbytes, len(c)) == (0, 0)
+
+
+def test_clear_forgets_everything_and_returns_the_paths() -> None:
+    c = cache()
+    c.store("a", b"a", version=1, term=10.0, sent_at=0.0)
+    c.store("b", b"b", version=1, term=10.0, sent_at=0.0)
+
+    assert c.clear() == ["a", "b"]
+    assert (c.nbytes, len(c)) == (0, 0)
+
+
+def test_expired_lists_the_paths_whose_lease_is_no_longer_trusted() -> None:
+    c = cache()
+    c.store("a", b"a", version=1, term=10.0, sent_at=0.0)  # trusted until 9.9
+    c.store("b", b"b", version=1, term=10.0, sent_at=5.0)  # trusted until 14.9
+
+    assert c.expired(now=just_before(9.9)) == []
+    assert c.expired(now=9.9) == ["a"]
+    assert c.expired(now=14.9) == ["a", "b"]

@@ -1,0 +1,369 @@
+"""The wire protocol: frames, messages, and strict decoding of whatever arrives.
+
+A frame is a 4-byte big-endian length and one CBOR map whose ``t`` names the
+message type. Decoding is the one boundary where bytes from the network become
+messages: anything that is not exactly a known message raises ProtocolError (or
+TooLarge for an oversized frame), and nothing else ever escapes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import struct
+import types
+import typing
+import uuid
+from typing import Any
+
+import cbor2
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fscache.errors import ProtocolError, TooLarge
+from fscache.protocol import (
+    CLIENT_MESSAGES,
+    DEFAULT_MAX_FRAME,
+    SERVER_MESSAGES,
+    Data,
+    Done,
+    Extend,
+    Extended,
+    FrameDecoder,
+    Message,
+    Read,
+    Write,
+    decode_message,
+    encode,
+)
+
+ALL_MESSAGES = CLIENT_MESSAGES + SERVER_MESSAGES
+
+# ---------------------------------------------------------------- strategies from the fields
+CBOR_INTS = st.integers(-(2**64), 2**64 - 1)  # what CBOR encodes without a bignum tag
+FLOATS = st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**53), 2**53)  # ints too
+PLAIN = st.recursive(
+    st.none() | st.booleans() | CBOR_INTS | st.floats(allow_nan=False) | st.text() | st.binary(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def strategy_for(annotation: Any) -> st.SearchStrategy[Any]:
+    simple: dict[Any, st.SearchStrategy[Any]] = {
+        int: CBOR_INTS,
+        float: FLOATS,
+        str: st.text(),
+        bytes: st.binary(),
+        bool: st.booleans(),
+        Any: PLAIN,
+    }
+    if annotation in simple:
+        return simple[annotation]
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (types.UnionType, typing.Union):
+        (inner,) = (a for a in args if a is not type(None))
+        return st.none() | strategy_for(inner)
+    if origin is list:
+        return st.lists(strategy_for(args[0]), max_size=4)
+    if origin is dict:
+        return st.dictionaries(strategy_for(args[0]), strategy_for(args[1]), max_size=4)
+    raise TypeError(f"no strategy for {annotation!r}")
+
+
+def messages_of(cls: type[Message]) -> st.SearchStrategy[Message]:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: strategy_for(hints[f.name]) for f in dataclasses.fields(cls)}
+    return st.builds(cls, **fields)
+
+
+ANY_MESSAGE = st.one_of([messages_of(cls) for cls in ALL_MESSAGES])
+
+
+def payload_of(message: Message) -> bytes:
+    return encode(message)[4:]
+
+
+def cbor(value: Any) -> bytes:
+    return cbor2.dumps(value)
+
+
+# ---------------------------------------------------------------- round trips
+def test_a_frame_is_a_4_byte_big_endian_length_then_one_cbor_map() -> None:
+    body = cbor({"t": "done", "id": 7})
+
+    assert encode(Done(id=7)) == struct.pack(">I", len(body)) + body
+
+
+def test_message_type_names_are_unique() -> None:
+    names = [cls.TYPE for cls in ALL_MESSAGES]
+
+    assert len(set(names)) == len(names)
+
+
+@pytest.mark.parametrize("cls", ALL_MESSAGES, ids=lambda cls: cls.__name__)
+@settings(max_examples=40)
+@given(data=st.data())
+def test_every_message_type_survives_a_round_trip(cls: type[Message], data: Any) -> None:
+    message = data.draw(messages_of(cls))
+    frame = encode(message)
+
+    (length,) = struct.unpack(">I", frame[:4])
+    assert length == len(frame) - 4
+    decoded = decode_message(frame[4:])
+    assert type(decoded) is cls
+    assert decoded == message
+
+
+def test_float_fields_accept_ints_and_decode_them_as_floats() -> None:
+    data = decode_message(cbor({"t": "data", "id": 1, "version": 2, "term": 10, "data": b""}))
+    extended = decode_message(cbor({"t": "extended", "id": 1, "terms": [10, None, 2.5]}))
+
+    assert data == Data(id=1, version=2, term=10.0, data=b"")
+    assert isinstance(data, Data) and type(data.term) is float
+    assert extended == Extended(id=1, terms=[10.0, None, 2.5])
+    assert isinstance(extended, Extended)
+    assert [type(t) for t in extended.terms] == [float, type(None), float]
+
+
+def test_optional_fields_may_be_left_out() -> None:
+    assert decode_message(cbor({"t": "read", "id": 1, "path": "a"})) == Read(1, "a", have=None)
+
+
+def test_indefinite_length_strings_are_valid_cbor_and_decode_joined() -> None:
+    # {"t": "write", "id": 1, "path": "a", "data": b"ab"} with "write" and b"ab" in chunks
+    payload = (
+        b"\xa4"
+        + cbor("t") + b"\x7f" + cbor("wr") + cbor("ite") + b"\xff"
+        + cbor("id") + cbor(1)
+        + cbor("path") + cbor("a")
+        + cbor("data") + b"\x5f" + cbor(b"a") + cbor(b"b") + b"\xff"
+    )  # fmt: skip
+
+    assert decode_message(payload) == Write(id=1, path="a", data=b"ab")
+
+
+# ---------------------------------------------------------------- frame decoder
+@given(messages=st.lists(ANY_MESSAGE, max_size=6), data=st.data())
+def test_frames_split_at_arbitrary_points_decode_to_the_same_messages(
+    messages: list[Message], data: Any
+) -> None:
+    stream = b"".join(encode(m) for m in messages)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    decoder = FrameDecoder()
+
+    received: list[Message] = []
+    for chunk in chunks:
+        decoder.feed(chunk)
+        received.extend(decoder)
+
+    assert received == messages
+    assert decoder.buffered == 0
+
+
+def test_decoder_waits_for_a_whole_header_and_a_whole_body() -> None:
+    frame = encode(Done(id=1))
+    decoder = FrameDecoder()
+
+    decoder.feed(frame[:3])
+    assert decoder.next_message() is None
+    decoder.feed(frame[3:-1])
+    assert decoder.next_message() is None
+    assert decoder.buffered == len(frame) - 1
+    decoder.feed(frame[-1:])
+    assert decoder.next_message() == Done(id=1)
+    assert decoder.next_message() is None
+
+
+def test_default_max_frame_is_16_mib() -> None:
+    assert FrameDecoder().max_frame == DEFAULT_MAX_FRAME == 16 * 1024 * 1024
+
+
+def test_header_announcing_more_than_max_frame_raises_too_large_before_the_body() -> None:
+    decoder = FrameDecoder(max_frame=1000)
+
+    decoder.feed(struct.pack(">I", 1001))  # the header alone: no body has arrived
+    with pytest.raises(TooLarge):
+        decoder.next_message()
+
+
+def test_a_frame_of_exactly_max_frame_is_accepted() -> None:
+    frame = encode(Write(id=1, path="a", data=b"x" * 100))
+    decoder = FrameDecoder(max_frame=len(frame) - 4)
+
+    decoder.feed(frame)
+    assert list(decoder) == [Write(id=1, path="a", data=b"x" * 100)]
+
+
+def test_an_empty_frame_is_a_protocol_error() -> None:
+    decoder = FrameDecoder()
+    decoder.feed(struct.pack(">I", 0))
+
+    with pytest.raises(ProtocolError):
+        decoder.next_message()
+
+
+# ---------------------------------------------------------------- strict decoding
+SHARED_CYCLE = bytes.fromhex("d81c81d81d00")  # shareable([shared-ref 0]): a list holding itself
+DEEP = 100_000
+
+
+def stats_with(counters_value: bytes) -> bytes:
+    """A stats_result whose one counter is the raw CBOR ``counters_value``."""
+    return (
+        b"\xa3" + cbor("t") + cbor("stats_result") + cbor("id") + cbor(1)
+        + cbor("counters") + b"\xa1" + cbor("x") + counters_value
+    )  # fmt: skip
+
+
+def data_with(**fields: Any) -> bytes:
+    return cbor({"t": "data", "id": 1, "version": 1, "term": 1.0, "data": b"", **fields})
+
+
+UTC = datetime.UTC
+BAD_PAYLOADS: dict[str, bytes] = {
+    # not a map of a known type
+    "empty payload": b"",
+    "not a map: array": cbor([1, 2]),
+    "not a map: text": cbor("done"),
+    "not a map: int": cbor(1),
+    "not a map: null": cbor(None),
+    "no t": cbor({"id": 1}),
+    "unknown t": cbor({"t": "format_disk", "id": 1}),
+    "t is not text": cbor({"t": 1, "id": 1}),
+    "t is bytes": cbor({"t": b"done", "id": 1}),
+    # fields
+    "missing field": cbor({"t": "read", "path": "a"}),
+    "missing nullable field": cbor({"t": "error", "code": "x", "message": "y"}),
+    "extra field": cbor({"t": "done", "id": 1, "admin": True}),
+    "non-text key": cbor({"t": "done", "id": 1, 7: 1}),
+    "text for int": cbor({"t": "done", "id": "1"}),
+    "bool for int": cbor({"t": "done", "id": True}),
+    "float for int": cbor({"t": "done", "id": 1.0}),
+    "null for int": cbor({"t": "done", "id": None}),
+    "int for bool": cbor({"t": "stat_result", "id": 1, "version": 1, "size": 0, "is_dir": 1}),
+    "bool for float": data_with(term=True),
+    "text for float": data_with(term="10"),
+    "text for bytes": data_with(data="abc"),
+    "bytes for text": cbor({"t": "read", "id": 1, "path": b"a"}),
+    "bool for optional int": cbor({"t": "read", "id": 1, "path": "a", "have": False}),
+    "int in a text array": cbor({"t": "relinquish", "id": 1, "paths": ["a", 1]}),
+    "bool in an int array": cbor({"t": "extend", "id": 1, "paths": ["a"], "versions": [True]}),
+    "text in a float array": cbor({"t": "extended", "id": 1, "terms": [1.0, "x"]}),
+    "map for array": cbor({"t": "relinquish", "id": 1, "paths": {"a": 1}}),
+    "array for map": cbor({"t": "stats_result", "id": 1, "counters": [1]}),
+    "map with int keys": cbor({"t": "stats_result", "id": 1, "counters": {1: 2}}),
+    "undefined for optional int": cbor(
+        {"t": "read", "id": 1, "path": "a", "have": cbor2.undefined}
+    ),
+    "simple value for text": cbor({"t": "read", "id": 1, "path": cbor2.CBORSimpleValue(99)}),
+    # CBOR tags, known to cbor2 or not
+    "tag 0 (datetime text) as a counter": stats_with(
+        cbor(datetime.datetime(2020, 1, 1, tzinfo=UTC))
+    ),
+    "tag 1 (epoch datetime) as a counter": stats_with(b"\xc1" + cbor(0)),
+    "tag 1 (epoch datetime) for int": cbor({"t": "done", "id": cbor2.CBORTag(1, 0)}),
+    "tag 2 (bignum) for int": cbor({"t": "done", "id": 2**70}),
+    "tag 2 (bignum) for float, beyond a float": data_with(term=10**400),
+    "tag 4 (decimal) as a counter": stats_with(cbor(decimal.Decimal("1.5"))),
+    "tag 37 (uuid) as a counter": stats_with(cbor(uuid.UUID(int=1))),
+    "tag 258 (set) as a counter": stats_with(cbor({1, 2})),
+    "tags 28/29 (shared reference) make a cycle": stats_with(SHARED_CYCLE),
+    "unknown tag 999": cbor({"t": "done", "id": cbor2.CBORTag(999, 1)}),
+    # structure
+    f"{DEEP} nested arrays": b"\x81" * DEEP + b"\x00",
+    f"{DEEP} nested indefinite arrays": b"\x9f" * DEEP,
+    f"{DEEP} nested maps": b"\xa1\x00" * DEEP + b"\x00",
+    f"{DEEP} nested arrays as a counter": stats_with(b"\x81" * DEEP + b"\x00"),
+    "truncated": payload_of(Write(id=1, path="a", data=b"abc"))[:-1],
+    "bytes after the map": payload_of(Done(id=1)) + b"\x00",
+    "a second map after the map": payload_of(Done(id=1)) * 2,
+    "lone break code": b"\xff",
+    "unterminated indefinite text": b"\x7f\x61a",
+    "indefinite text with a bytes chunk": b"\x7f\x41a\xff",
+    "invalid utf-8 text": b"\xa1\x61t\x62\xff\xfe",
+    "array announcing 2**64-1 items": b"\x9b" + b"\xff" * 8,
+    "map announcing 2**63 pairs": b"\xbb\x7f" + b"\xff" * 7,
+    "bytes announcing 2**63 bytes": b"\x5b\x7f" + b"\xff" * 7,
+    "text announcing 2**32-1 bytes": b"\x7a" + b"\xff" * 4,
+    "reserved additional info": b"\x1c",
+}
+
+
+@pytest.mark.parametrize("payload", BAD_PAYLOADS.values(), ids=BAD_PAYLOADS.keys())
+def test_malformed_payload_is_a_protocol_error(payload: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_message(payload)
+
+
+@pytest.mark.parametrize("payload", BAD_PAYLOADS.values(), ids=BAD_PAYLOADS.keys())
+def test_malformed_frame_is_a_protocol_error_from_the_frame_decoder(payload: bytes) -> None:
+    decoder = FrameDecoder()
+    decoder.feed(struct.pack(">I", len(payload)) + payload)
+
+    with pytest.raises(ProtocolError):
+        decoder.next_message()
+
+
+def test_every_proper_prefix_of_a_payload_is_a_protocol_error() -> None:
+    payload = payload_of(Extend(id=1, paths=["a", "b/c"], versions=[1, 2**40]))
+
+    for end in range(len(payload)):
+        with pytest.raises(ProtocolError):
+            decode_message(payload[:end])
+
+
+@given(payload=st.binary())
+def test_arbitrary_bytes_decode_to_a_message_or_a_protocol_error(payload: bytes) -> None:
+    try:
+        message = decode_message(payload)
+    except ProtocolError:
+        return
+    assert isinstance(message, Message)
+
+
+@given(message=ANY_MESSAGE, data=st.data())
+def test_corrupted_payloads_decode_to_a_message_or_a_protocol_error(
+    message: Message, data: Any
+) -> None:
+    payload = bytearray(payload_of(message))
+    for _ in range(data.draw(st.integers(1, 4))):
+        position = data.draw(st.integers(0, len(payload)))
+        action = data.draw(st.sampled_from(["replace", "insert", "delete"]))
+        if action == "insert" or position == len(payload):
+            payload[position:position] = data.draw(st.binary(min_size=1, max_size=9))
+        elif action == "replace":
+            payload[position] = data.draw(st.integers(0, 255))
+        else:
+            del payload[position]
+
+    try:
+        decoded = decode_message(bytes(payload))
+    except ProtocolError:
+        return
+    assert isinstance(decoded, Message)
+
+
+@given(chunks=st.lists(st.binary(), max_size=8))
+def test_arbitrary_bytes_fed_to_the_frame_decoder_raise_nothing_but_protocol_errors(
+    chunks: list[bytes],
+) -> None:
+    decoder = FrameDecoder(max_frame=64)
+    try:
+        for chunk in chunks:
+            decoder.feed(chunk)
+            for message in decoder:
+                assert isinstance(message, Message)
+    except (ProtocolError, TooLarge):
+        pass  # the connection is closed here
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_float_fields_must_be_finite(bad: float) -> None:
+    """A server that sent term=inf would make a client trust its copy forever."""
+    payload = cbor2.dumps({"t": "data", "id": 1, "version": 1, "term": bad, "data": b""})
+    with pytest.raises(ProtocolError, match="finite"):
+        decode_message(payload)
