@@ -7,6 +7,8 @@
         data = c.read("docs/a.txt")
 """
 
+from typing import TYPE_CHECKING, Any
+
 from fscache.errors import (
     BadPath,
     Conflict,
@@ -18,6 +20,10 @@ from fscache.errors import (
     Unauthorized,
     Unavailable,
 )
+
+if TYPE_CHECKING:  # the real types for type checkers; imported lazily at run time
+    from fscache.client.blocking import BlockingClient, connect
+    from fscache.client.client import Client, StatResult, open_client
 
 __version__ = "0.1.0"
 
@@ -39,7 +45,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     # The clients pull in trio; import them on first use so `fscache.errors` and the
     # sans-IO core stay importable (and fast to import) without it.
     if name in ("open_client", "Client", "StatResult"):
