@@ -266,10 +266,7 @@ class Store:
                 st = os.stat(full)
             except OSError as exc:
                 raise _translate(exc, "delete", path) from None
-            if stat_mod.S_ISDIR(st.st_mode):
-                raise IsADirectory(f"cannot delete {path!r}: it is a directory")
-            if not stat_mod.S_ISREG(st.st_mode):
-                raise FscacheError(f"cannot delete {path!r}: not a regular file")
+            _regular_file_version(st, "delete", path)
             if if_version is not None and if_version != st.st_mtime_ns:
                 raise Conflict(
                     f"cannot delete {path!r}: its version is {st.st_mtime_ns}, not {if_version}"
@@ -364,11 +361,7 @@ class Store:
             ) from None
         except OSError as exc:
             raise _translate(exc, "write", path) from None
-        if stat_mod.S_ISDIR(st.st_mode):
-            raise IsADirectory(f"cannot write {path!r}: it is a directory")
-        if not stat_mod.S_ISREG(st.st_mode):
-            raise FscacheError(f"cannot write {path!r}: not a regular file")
-        return st.st_mtime_ns
+        return _regular_file_version(st, "write", path)
 
     def _open_temp(self, parent: str, path: str) -> tuple[str, int]:
         """Create a fresh temp file in ``parent`` (making directories as needed)."""
@@ -410,6 +403,15 @@ class Store:
 
 
 # --------------------------------------------------------------------- functions
+
+
+def _regular_file_version(st: os.stat_result, op: str, path: str) -> int:
+    """The version of a regular file; IsADirectory or FscacheError for anything else."""
+    if stat_mod.S_ISDIR(st.st_mode):
+        raise IsADirectory(f"cannot {op} {path!r}: it is a directory")
+    if not stat_mod.S_ISREG(st.st_mode):
+        raise FscacheError(f"cannot {op} {path!r}: not a regular file")
+    return st.st_mtime_ns
 
 
 def _translate(exc: OSError, op: str, path: str) -> FscacheError:
