@@ -1,0 +1,57 @@
+"""A bare trio TCP echo server: the baseline for fscache's round trip and throughput.
+
+Each length-prefixed CBOR frame is decoded with plain ``cbor2.loads`` and re-encoded
+with ``cbor2.dumps`` before it goes back: the least any CBOR-over-TCP server must do.
+No validation, no dispatch, no per-connection sender task. Run it in its own process:
+``python -m fscache.bench.echo`` prints ``echo serving on HOST:PORT``.
+"""
+
+from __future__ import annotations
+
+import signal
+import struct
+
+import cbor2
+import trio
+
+HEADER = struct.Struct(">I")
+
+
+async def echo_frames(stream: trio.SocketStream) -> None:
+    buffer = bytearray()
+    try:
+        async with stream:
+            while True:
+                data = await stream.receive_some(256 * 1024)
+                if not data:
+                    return
+                buffer += data
+                replies = []
+                while len(buffer) >= HEADER.size:
+                    (length,) = HEADER.unpack_from(buffer)
+                    end = HEADER.size + length
+                    if len(buffer) < end:
+                        break
+                    payload = cbor2.dumps(cbor2.loads(bytes(buffer[HEADER.size : end])))
+                    del buffer[:end]
+                    replies.append(HEADER.pack(len(payload)) + payload)
+                if replies:
+                    await stream.send_all(b"".join(replies))
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        return
+
+
+async def main() -> None:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    host, port = listeners[0].socket.getsockname()[:2]
+    print(f"echo serving on {host}:{port}", flush=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, echo_frames, listeners)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                break
+        nursery.cancel_scope.cancel()
+
+
+if __name__ == "__main__":
+    trio.run(main)

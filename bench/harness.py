@@ -1,0 +1,164 @@
+"""Processes the benchmarks start and measure: an fscache server, a bare echo server,
+a Redis server, and the CPU time each one uses.
+
+Every server runs in its own process (its own interpreter and GIL), listens on
+127.0.0.1 with a port the kernel picks, and is stopped by the ``with`` block that
+started it. CPU time is read from ``/proc/PID/stat`` (Linux), so it needs no
+cooperation from the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+
+START_TIMEOUT = 15.0  # seconds a server may take to print its address
+STOP_TIMEOUT = 10.0
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class ServerProcess:
+    """A server in a child process; ``port`` is where it listens."""
+
+    def __init__(self, name: str, popen: subprocess.Popen[str], port: int) -> None:
+        self.name = name
+        self.popen = popen
+        self.port = port
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cpu_seconds(self) -> float:
+        return process_cpu_seconds(self.pid)
+
+    def stop(self) -> None:
+        """SIGTERM, wait, SIGKILL if it hangs; close the pipes. Idempotent."""
+        popen = self.popen
+        if popen.poll() is None:
+            popen.send_signal(signal.SIGTERM)
+            try:
+                popen.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait()
+        for pipe in (popen.stdout, popen.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds used so far by process ``pid`` (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _spawn(name: str, argv: Sequence[str], port_from_line: str) -> ServerProcess:
+    """Start ``argv``; its first stdout line must contain ``port_from_line`` then host:port."""
+    popen = subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    server = ServerProcess(name, popen, 0)
+    assert popen.stdout is not None
+    line = popen.stdout.readline()
+    if port_from_line not in line:
+        server.stop()
+        raise RuntimeError(f"{name} did not start: {line.strip() or 'no output'}")
+    address = line.rpartition(port_from_line)[2].split()[0]
+    server.port = int(address.rpartition(":")[2])
+    return server
+
+
+@contextlib.contextmanager
+def fscache_server(
+    root: str, *, term: float, skew: float = 0.1, hot_writes: int = 0
+) -> Iterator[ServerProcess]:
+    """``fscache serve`` on a free port. ``hot_writes=0``: a fixed term, as the paper's
+    model assumes."""
+    argv = [
+        sys.executable, "-m", "fscache", "serve", "--root", root, "--port", "0",
+        "--term", repr(term), "--skew", repr(skew), "--hot-writes", str(hot_writes),
+    ]  # fmt: skip
+    server = _spawn("fscache", argv, " on ")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def echo_server() -> Iterator[ServerProcess]:
+    """The bare trio echo server of :mod:`fscache.bench.echo` on a free port."""
+    server = _spawn("echo", [sys.executable, "-m", "fscache.bench.echo"], " on ")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def redis_server_binary() -> str | None:
+    return shutil.which("redis-server")
+
+
+def redis_version() -> str | None:
+    binary = redis_server_binary()
+    if binary is None:
+        return None
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+    for word in out.stdout.split():
+        if word.startswith("v="):
+            return word[2:]
+    return None
+
+
+@contextlib.contextmanager
+def redis_server(workdir: str) -> Iterator[ServerProcess]:
+    """redis-server on a free port, in memory only (no RDB, no AOF), in ``workdir``."""
+    binary = redis_server_binary()
+    if binary is None:
+        raise RuntimeError("redis-server is not installed")
+    port = free_port()
+    argv = [
+        binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        "--appendonly", "no", "--dir", workdir, "--daemonize", "no", "--loglevel", "warning",
+    ]  # fmt: skip
+    popen = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+    )
+    server = ServerProcess("redis", popen, port)  # type: ignore[arg-type]
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                if popen.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.02)
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,269 @@
+"""The benchmarks (``fscache.bench``): the paper's model by hand, the workload's
+plumbing, and one tiny real run.
+
+Test rules: the model tests compare with values worked out by hand (shown in each
+test). The runs use real processes and TCP on 127.0.0.1 with ports picked by the
+kernel, last a few seconds, and assert only what must hold on any machine (the
+result file's shape, no stale reads from fscache, the figures written) -- never a
+speed. Redis tests skip when ``redis-server`` or redis-py is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fscache.bench import model, plots, speed, workload
+from fscache.bench.driver import (
+    ClientPlan,
+    RunSpec,
+    decode_value,
+    encode_value,
+    schedule,
+)
+
+REQUIRED_RUN_KEYS = {
+    "system", "term", "server_consistency_msgs_per_s", "model_consistency_msgs_per_s",
+    "read_p50_us", "read_p99_us", "write_p50_ms", "write_p99_ms", "hit_ratio", "stale_reads",
+}  # fmt: skip
+
+
+# ---------------------------------------------------------------- the model, by hand
+def test_client_term_subtracts_the_message_times_and_the_skew() -> None:
+    # 10 - (0.001 + 2 * 0.002) - 0.1 = 9.895
+    assert model.client_term(10.0, 0.001, 0.002, 0.1) == pytest.approx(9.895)
+
+
+def test_client_term_is_never_negative() -> None:
+    assert model.client_term(0.1, 0.01, 0.02, 0.1) == 0.0
+
+
+def test_consistency_load_with_a_term() -> None:
+    # 2NR / (1 + R t_C) + NSW = 2*10*1 / (1 + 1*9) + 10*2*0.1 = 2 + 2
+    assert model.consistency_load(10, 1.0, 0.1, 2, 10.0, 9.0) == pytest.approx(4.0)
+
+
+def test_consistency_load_at_term_zero_is_every_read_and_no_approval() -> None:
+    # 2NR = 2*10*1; no lease, so no write needs approval
+    assert model.consistency_load(10, 1.0, 0.1, 2, 0.0, 0.0) == pytest.approx(20.0)
+
+
+def test_term_zero_beats_a_very_short_term() -> None:
+    # t_C = 0 caches nothing but still pays NSW = 2 for approvals: 22 > 20
+    very_short = model.consistency_load(10, 1.0, 0.1, 2, 0.05, 0.0)
+    assert very_short == pytest.approx(22.0)
+    assert very_short > model.consistency_load(10, 1.0, 0.1, 2, 0.0, 0.0)
+
+
+def test_the_papers_headline_ten_seconds_is_about_a_tenth() -> None:
+    # R = 0.864/s, t_S = 10 s, eps = 0.1 s: 1 / (1 + 0.864 * 9.9) = 0.1047 (no writes)
+    t_c = model.client_term(10.0, 0.0, 0.0, 0.1)
+    ratio = model.consistency_load(1, 0.864, 0, 1, 10.0, t_c) / model.consistency_load(
+        1, 0.864, 0, 1, 0.0, 0.0
+    )
+    assert ratio == pytest.approx(0.1047, abs=1e-4)
+
+
+def test_approval_delay() -> None:
+    # t_a = 2 m_prop + (S + 2) m_proc = 0.002 + 5 * 0.002
+    assert model.approval_delay(3, 0.001, 0.002) == pytest.approx(0.012)
+
+
+def test_added_delay_per_operation() -> None:
+    # reads: 2R (m_prop + 2 m_proc) / (1 + R t_C) = 2 * 0.005 / 10 = 0.001
+    # writes: W t_a = 1 * (0.002 + 4 * 0.002) = 0.010;  (0.001 + 0.010) / (R + W = 2)
+    assert model.added_delay(1.0, 1.0, 2, 10.0, 9.0, 0.001, 0.002) == pytest.approx(0.0055)
+    # term 0: every read pays the round trip, no write waits for approval
+    assert model.added_delay(1.0, 1.0, 2, 0.0, 0.0, 0.001, 0.002) == pytest.approx(0.005)
+
+
+def test_calibration_round_trip() -> None:
+    assert model.Calibration(m_prop=0.001, m_proc=0.002).round_trip == pytest.approx(0.010)
+
+
+def test_one_file_per_client_reduces_to_the_papers_formula() -> None:
+    rates = [1.0] * 10  # N = 10 clients, one lease stream each
+    assert model.consistency_load_for_rates(rates, 1.0, 2, 10.0, 9.0) == pytest.approx(
+        model.consistency_load(10, 1.0, 0.1, 2, 10.0, 9.0)
+    )
+
+
+def test_several_files_per_client_are_separate_lease_streams() -> None:
+    # one client reading 2 files at 0.5/s each, t_C = 2: 2 * 0.5 / (1 + 1) = 0.5 reads/s
+    assert model.server_read_rate([0.5, 0.5], 2.0) == pytest.approx(0.5)
+    assert model.hit_ratio_for_rates([0.5, 0.5], 2.0) == pytest.approx(0.5)
+    assert model.hit_ratio_for_rates([1.0], 9.0) == pytest.approx(0.9)
+
+
+def test_mean_read_delay_is_the_miss_fraction_of_a_round_trip() -> None:
+    costs = model.Calibration(m_prop=0.001, m_proc=0.002)  # round trip 10 ms
+    assert model.mean_read_delay_for_rates([1.0], 9.0, costs) == pytest.approx(0.001)
+
+
+def test_ttl_load_has_no_approvals() -> None:
+    # 2 * 2 / (1 + 2 * 1.5) = 1
+    assert model.ttl_load_for_rates([2.0], 1.5) == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- workload plumbing
+def test_each_file_is_read_by_sharing_clients_and_written_by_one() -> None:
+    cfg = workload.Config(clients=6, sharing=3, files=12)
+    plans = workload.plan_clients(cfg)
+    readers: dict[int, set[int]] = {}
+    writers: dict[int, set[int]] = {}
+    for plan in plans:
+        assert sum(plan.read_p) == pytest.approx(1.0)
+        assert sum(plan.write_p) == pytest.approx(1.0)
+        for f in plan.files:
+            readers.setdefault(f, set()).add(plan.index)
+        for f in plan.owned:
+            writers.setdefault(f, set()).add(plan.index)
+    assert sorted(readers) == list(range(12))
+    assert all(len(r) == 3 for r in readers.values())
+    assert all(len(w) == 1 and w <= readers[f] for f, w in writers.items())
+    assert sorted(writers) == list(range(12))
+
+
+def test_zipf_popularity() -> None:
+    # weights 1, 1/2, 1/3 normalised by 11/6
+    assert workload.popularity(3, "zipf", 1.0) == pytest.approx([6 / 11, 3 / 11, 2 / 11])
+    assert workload.popularity(4, "uniform", 1.0) == [0.25] * 4
+
+
+def test_bad_configurations_are_refused() -> None:
+    with pytest.raises(ValueError, match="multiple of --sharing"):
+        workload.Config(clients=5, sharing=2).validate()
+    with pytest.raises(ValueError, match="--files"):
+        workload.Config(clients=4, sharing=2, files=3).validate()
+    with pytest.raises(ValueError, match="unknown systems"):
+        workload.Config(systems=("nfs",)).validate()
+
+
+def test_quick_keeps_the_shape_of_the_curve() -> None:
+    full, quick = workload.Config(), workload.Config.quick_preset()
+    per_file = full.read_rate / full.files_per_client
+    quick_per_file = quick.read_rate / quick.files_per_client
+    # every quick term is a full-run term with R t (per lease stream) unchanged
+    full_r_t = {round(t * per_file, 9) for t in full.terms}
+    assert all(round(t * quick_per_file, 9) in full_r_t for t in quick.terms)
+    assert quick_per_file * quick.skew == pytest.approx(per_file * full.skew)
+    assert quick.write_rate / quick.read_rate == pytest.approx(full.write_rate / full.read_rate)
+
+
+def test_command_line_options_override_the_preset() -> None:
+    args = workload.build_parser().parse_args(
+        ["--quick", "--terms", "0,0.5", "--clients", "4", "--systems", "fscache,ttl"]
+    )
+    cfg = workload.config_from_args(args)
+    assert cfg.quick and cfg.terms == (0.0, 0.5) and cfg.clients == 4
+    assert cfg.systems == ("fscache", "ttl")
+    assert workload.main(["--clients", "3", "--sharing", "2"]) == 2  # refused, nothing run
+
+
+def test_values_round_trip_through_file_contents() -> None:
+    data = encode_value(1234, 64)
+    assert len(data) == 64 and decode_value(data) == 1234
+
+
+def _spec(prime_term: float, read_rate: float, files: int, length: float) -> RunSpec:
+    plan = ClientPlan(0, tuple(range(files)), (1 / files,) * files, (), ())
+    return RunSpec(
+        run=0, system="fscache", term=prime_term, port=0, clients=(plan,),
+        read_rate=read_rate, write_rate=0.0, file_size=16, steady_from=prime_term,
+        prime_term=prime_term, length=length, window=(prime_term, length), seed=7,
+    )  # fmt: skip
+
+
+def test_schedule_is_poisson_after_the_priming_reads() -> None:
+    spec = _spec(prime_term=2.0, read_rate=400.0, files=400, length=12.0)
+    offsets, who, kinds, files = schedule(spec)
+    assert list(offsets) == sorted(offsets) and set(who) == {0} and set(kinds) == {0}
+    steady = offsets[offsets >= 2.0]
+    assert len(steady) == pytest.approx(400 * 10, rel=0.1)  # rate x span
+    # priming: a stream of rate r = 1/s is inside a lease with probability
+    # t_C / (t_C + 1/r) = 2/3 at a random instant; each such stream gets one read in
+    # the t_C before the steady state, none earlier
+    primed = offsets[offsets < 2.0]
+    assert len(primed) == pytest.approx(400 * 2 / 3, rel=0.15)
+    assert len(set(files[offsets < 2.0].tolist())) == len(primed)
+    assert primed.min() >= 0.0
+
+
+def test_no_priming_without_a_term() -> None:
+    offsets, *_ = schedule(_spec(prime_term=0.0, read_rate=50.0, files=5, length=2.0))
+    assert len(offsets) and offsets.min() >= 0.0
+
+
+def test_speed_table_compares_each_figure_with_its_target() -> None:
+    raw = {
+        "hit_baseline_s": 1e-7, "hit_blocking_s": 2e-7, "hit_async_s": 5e-7,
+        "echo_rtt_s": 1e-4, "miss_s": 1.2e-4, "miss_frame_client_s": 1.1e-4,
+        "echo_msgs_per_s": 40000.0, "fscache_msgs_per_s": 20000.0,
+        "echo_cpu_per_request_s": 2e-5, "fscache_cpu_per_request_s": 5e-5,
+    }  # fmt: skip
+    rows = {r["figure"]: r for r in speed.summarize(raw)}
+    assert rows["hit, blocking client"]["ratio"] == pytest.approx(2.0)
+    assert rows["hit, blocking client"]["met"] is True
+    assert rows["hit, async client"]["met"] is False  # 5x > 4x
+    assert rows["miss (lease granted), async client"]["met"] is True
+    assert rows["throughput, 50 clients, term 0"]["ratio"] == pytest.approx(0.5)
+    assert rows["throughput, 50 clients, term 0"]["met"] is False
+    assert "NO" in speed.format_table(list(rows.values()))
+
+
+# ---------------------------------------------------------------- tiny real runs
+def _tiny(systems: tuple[str, ...], terms: tuple[float, ...]) -> workload.Config:
+    return workload.Config(
+        clients=4, processes=2, read_rate=40.0, write_rate=4.0, sharing=2, files=4,
+        file_size=64, duration=1.5, terms=terms, ttl_terms=(0.2,), skew=0.02,
+        systems=systems, calibration_reads=100, quick=True,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_results_table_and_plots(tmp_path: Path) -> None:
+    cfg = _tiny(("fscache", "ttl"), (0.0, 0.4))
+    results = workload.run_benchmark(cfg, str(tmp_path), progress=False)
+
+    document = json.loads((tmp_path / "results.json").read_text())
+    runs = document["runs"]
+    assert [(r["system"], r["term"]) for r in runs] == [
+        ("fscache", 0.0), ("fscache", 0.4), ("ttl", 0.2),
+    ]  # fmt: skip
+    for run in runs:
+        assert run.keys() >= REQUIRED_RUN_KEYS
+        assert run["reads"] > 0 and run["errors"] == 0
+        assert run["impossible_reads"] == 0
+        assert math.isfinite(run["model_consistency_msgs_per_s"])
+    for run in runs[:2]:
+        assert run["stale_reads"] == 0, run["stale_examples"]
+    zero, leased = runs[0], runs[1]
+    assert zero["hit_ratio"] == 0.0  # term 0: nothing is cached
+    assert leased["hit_ratio"] > 0.0
+    assert document["targets"]["fscache_no_stale_reads"] is True
+    assert document["calibration"]["m_proc_s"] > 0
+    assert (tmp_path / "table.txt").read_text().count("fscache") >= 2
+    for name in (plots.CONSISTENCY_PNG, plots.READ_LATENCY_PNG, plots.WRITE_DELAY_PNG):
+        png = tmp_path / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(results["plots"]) == sorted(str(tmp_path / n) for n in (
+        plots.CONSISTENCY_PNG, plots.READ_LATENCY_PNG, plots.WRITE_DELAY_PNG))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_smoke_run_with_the_redis_peer(tmp_path: Path) -> None:
+    why = workload.redis_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    results = workload.run_benchmark(_tiny(("redis",), (0.0,)), str(tmp_path), progress=False)
+    (run,) = results["runs"]
+    assert run["system"] == "redis" and run["term"] is None
+    assert run.keys() >= REQUIRED_RUN_KEYS
+    assert run["reads"] > 0 and run["errors"] == 0 and run["impossible_reads"] == 0
+    assert run["hit_ratio"] > 0.0  # RESP3 client tracking does cache
+    assert isinstance(run["stale_reads"], int)  # what the checker sees; not asserted
+    assert np.isfinite(run["server_consistency_msgs_per_s"])
