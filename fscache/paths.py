@@ -10,6 +10,8 @@ directory is meant (``allow_root=True``).
 
 from __future__ import annotations
 
+import functools
+
 from fscache.errors import BadPath
 
 MAX_PATH_BYTES = 1024  # whole path, UTF-8
@@ -19,8 +21,15 @@ RESERVED_PREFIX = ".fscache"  # the store's own files (temp files) live under th
 
 def normalize(path: object, *, allow_root: bool = False) -> str:
     """The normal form of ``path``, or :class:`BadPath` saying what is wrong with it."""
-    if not isinstance(path, str):
+    if type(path) is not str:
+        if isinstance(path, str):  # a str subclass: judge its plain value
+            return _normalize(str(path), allow_root)
         raise BadPath(f"path must be a string, not {type(path).__name__}")
+    return _normalize(path, allow_root)
+
+
+@functools.lru_cache(maxsize=4096)  # servers see the same paths again and again
+def _normalize(path: str, allow_root: bool) -> str:
     if "\x00" in path:
         raise BadPath("path contains a NUL byte")
     if path.startswith("/"):

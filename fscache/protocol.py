@@ -277,10 +277,18 @@ def _exact(kind: type) -> Check:
     return check
 
 
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise _Mismatch(f"expected int, got {type(value).__name__}")
+    if not -(2**64) <= value < 2**64:  # a bignum: CBOR's own integers stop there
+        raise _Mismatch("integer out of range")
+    return value
+
+
 def _number(value: Any) -> float:
     """A finite number: a term of inf would make a cache trust its copy forever."""
     if type(value) is int:
-        value = float(value)
+        value = float(_int(value))
     if type(value) is not float:
         raise _Mismatch(f"expected a number, got {type(value).__name__}")
     if not math.isfinite(value):
@@ -289,8 +297,13 @@ def _number(value: Any) -> float:
 
 
 def _any_map(value: Any) -> Any:
+    """A free-form map (server counters): plain data only, checked all the way down."""
     if type(value) is not dict or not all(type(k) is str for k in value):
         raise _Mismatch("expected a map with string keys")
+    try:
+        _check_plain(value)
+    except ProtocolError as exc:
+        raise _Mismatch(str(exc)) from None
     return value
 
 
@@ -313,7 +326,9 @@ def _list_of(inner: Check) -> Check:
 def _check_for(annotation: Any) -> Check:
     if annotation is float:
         return _number
-    if annotation in (int, str, bytes, bool):
+    if annotation is int:
+        return _int
+    if annotation in (str, bytes, bool):
         return _exact(annotation)
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
@@ -398,7 +413,9 @@ def decode_message(payload: bytes) -> Message:
         raise ProtocolError(f"frame is not valid CBOR: {exc}") from None
     if stream.tell() != len(payload):
         raise ProtocolError("frame holds bytes after its CBOR map")
-    _check_plain(body)
+    # Every field is checked for its exact type below, so whatever cbor2 made of a
+    # tag it knows (datetime, set, shared reference ...) is refused there; only the
+    # free-form counters map is walked (_any_map).
     if type(body) is not dict:
         raise ProtocolError("frame must hold a CBOR map")
     kind = body.get("t")

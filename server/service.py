@@ -64,6 +64,7 @@ BlockingIO = Callable[..., Awaitable[Any]]
 
 HANDSHAKE_TIMEOUT = 10.0  # a peer that connects and says nothing is dropped after this
 DEFAULT_MAX_OUTBOX = 32 * 1024 * 1024  # unsent bytes per connection before it is dropped
+DEFAULT_SEND_TIMEOUT = 30.0  # a send not done by then: the peer stopped reading; drop it
 RECEIVE_SIZE = 256 * 1024
 STATE_DIR = ".fscache"  # reserved name: clients cannot reach it
 INCARNATION_FILE = "incarnation.json"
@@ -80,6 +81,7 @@ class ServerSettings:
     hot_writes: int = 3  # writes within one term that make a file write-shared (term 0)
     max_frame: int = p.DEFAULT_MAX_FRAME
     max_outbox: int = DEFAULT_MAX_OUTBOX
+    send_timeout: float = DEFAULT_SEND_TIMEOUT
     tls_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -150,13 +152,32 @@ def _write_durably(directory: str, name: str, text: str) -> None:
 
 # ---------------------------------------------------------------- per-connection outbox
 class Outbox:
-    """Frames waiting to be sent on one connection, in order, bounded in bytes."""
+    """Frames waiting to be sent on one connection, in order, bounded in bytes.
 
-    def __init__(self, limit: int) -> None:
+    Replies to a batch of requests are sent by the task that read the batch
+    (:meth:`flush`), joined into one send and without waking another task; frames
+    queued at other times (approval requests caused by another client, replies to
+    writes that waited) are sent by the connection's sender task (:meth:`run`).
+    Only one send is ever under way, so frames leave in the order they were queued.
+    """
+
+    def __init__(
+        self,
+        stream: trio.abc.SendStream,
+        limit: int,
+        *,
+        stall_timeout: float,
+        on_stall: Callable[[], None],
+    ) -> None:
+        self.stream = stream
         self.limit = limit
+        self.stall_timeout = stall_timeout
+        self.on_stall = on_stall  # the peer stopped reading: drop the connection
         self._frames: deque[bytes] = deque()
         self.nbytes = 0
         self._ready = trio.Event()
+        self._sending = False
+        self.batching = False  # the reading task will flush: do not wake the sender
         self.closed = False
 
     def put(self, frame: bytes) -> bool:
@@ -165,20 +186,42 @@ class Outbox:
             return True
         self._frames.append(frame)
         self.nbytes += len(frame)
-        self._ready.set()
+        if not self.batching:
+            self._ready.set()
         return self.nbytes <= self.limit
 
-    async def take(self) -> bytes:
-        """Everything queued, joined into one buffer (one send for many replies)."""
-        while not self._frames:
-            if self.closed:
-                raise trio.ClosedResourceError
-            await self._ready.wait()
-            self._ready = trio.Event()
-        data = b"".join(self._frames)
-        self._frames.clear()
-        self.nbytes = 0
-        return data
+    async def _send_queued(self) -> None:
+        self._sending = True
+        try:
+            data = b"".join(self._frames)
+            self._frames.clear()
+            self.nbytes = 0
+            with trio.move_on_after(self.stall_timeout) as stalled:
+                await self.stream.send_all(data)
+            if stalled.cancelled_caught:
+                self.on_stall()
+                await trio.lowlevel.checkpoint()  # (the connection is cancelled now)
+        finally:
+            self._sending = False
+        if self._frames:
+            self._ready.set()
+
+    async def flush(self) -> None:
+        """Send what is queued now, from the calling task, unless a send is under way
+        (then the sender task sends it when that one is done)."""
+        self.batching = False
+        if self._frames and not self._sending:
+            await self._send_queued()
+
+    async def run(self) -> None:
+        """The sender task: send whatever is queued while no one else is sending."""
+        while True:
+            while not self._frames or self._sending:
+                if self.closed and not self._frames:
+                    return
+                await self._ready.wait()
+                self._ready = trio.Event()
+            await self._send_queued()
 
     def close(self) -> None:
         self.closed = True
@@ -362,8 +405,18 @@ class FileService:
         self, stream: trio.abc.Stream, decoder: p.FrameDecoder, hello: p.Hello, peer: str
     ) -> None:
         holder = HolderId(hello.client_id)
-        outbox = Outbox(self.settings.max_outbox)
         with trio.CancelScope() as cancel:
+
+            def stalled() -> None:
+                log.warning("%s stopped reading its replies; dropping the connection", peer)
+                cancel.cancel()
+
+            outbox = Outbox(
+                stream,
+                self.settings.max_outbox,
+                stall_timeout=self.settings.send_timeout,
+                on_stall=stalled,
+            )
             connection = Connection(holder, outbox, cancel, peer, self.counters)
             previous = self.connections.get(holder)
             if previous is not None:  # the same client reconnected: the old link is dead
@@ -374,7 +427,7 @@ class FileService:
             try:
                 self._execute(self.table.connected(holder, self.clock()))
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._send_loop, stream, outbox, cancel)
+                    nursery.start_soon(self._send_loop, outbox, cancel)
                     await self._receive_loop(stream, decoder, connection)
                     outbox.close()  # flush what is queued, then the sender ends
             finally:
@@ -394,12 +447,9 @@ class FileService:
         if cancel.cancelled_caught:
             self.counters["connections_dropped"] += 1
 
-    async def _send_loop(
-        self, stream: trio.abc.Stream, outbox: Outbox, cancel: trio.CancelScope
-    ) -> None:
+    async def _send_loop(self, outbox: Outbox, cancel: trio.CancelScope) -> None:
         try:
-            while True:
-                await stream.send_all(await outbox.take())
+            await outbox.run()
         except trio.ClosedResourceError:
             return
         except (trio.BrokenResourceError, OSError):
@@ -410,11 +460,13 @@ class FileService:
     ) -> None:
         for message in decoder:  # frames that came with the hello
             self._dispatch(connection, message)
+        outbox = connection.outbox
         while not connection.goodbye:
             data = await stream.receive_some(RECEIVE_SIZE)
             if not data:
                 return
             decoder.feed(data)
+            outbox.batching = True
             try:
                 for message in decoder:
                     self._dispatch(connection, message)
@@ -425,6 +477,9 @@ class FileService:
                 log.info("%s: %s; closing", connection.peer, exc)
                 connection.send(p.Error(id=None, code=exc.code, message=str(exc)))
                 return
+            finally:
+                outbox.batching = False
+            await outbox.flush()
 
     # ------------------------------------------------------------ requests
     def _dispatch(self, connection: Connection, message: p.Message) -> None:
@@ -450,7 +505,6 @@ class FileService:
     def _on_read(self, connection: Connection, message: p.Read) -> None:
         self.counters["reads"] += 1
         path = normalize(message.path)
-        message = dataclasses.replace(message, path=path)
         op = self._new_op(connection, message)
         self._execute(self.table.read(op, connection.holder, path, self.clock()))
 
@@ -461,7 +515,6 @@ class FileService:
             raise TooLarge(
                 f"{len(message.data)} bytes is over the limit of {self.settings.max_file_size}"
             )
-        message = dataclasses.replace(message, path=path)
         op = self._new_op(connection, message)
         self._execute(self.table.write(op, connection.holder, path, self.clock()))
 

@@ -48,13 +48,14 @@ class Cluster:
             raise OSError(111, "connection refused")
         client_side, server_side = trio.testing.memory_stream_pair()
         self.links.setdefault(name, []).append(client_side)
-        gated = self.gates.setdefault(name, HeldStream(server_side))
-        gated.inner = server_side
-        self.nursery.start_soon(self.service.serve_stream, gated)
-        return client_side
+        held = self.gates.setdefault(name, HeldStream(client_side))
+        held.inner = client_side
+        self.nursery.start_soon(self.service.serve_stream, server_side)
+        return held
 
     def hold(self, name: str) -> None:
-        """Stop delivering the server's frames to ``name`` (they queue, in order)."""
+        """Stop delivering the server's frames to ``name``: they are sent, and wait
+        in flight (in order) until :meth:`release`."""
         self.gates[name].hold()
 
     def release(self, name: str) -> None:
@@ -87,7 +88,7 @@ class Cluster:
 
 
 class HeldStream(trio.abc.Stream):
-    """The server's end of a link, whose sending can be held and released."""
+    """A client's end of a link, whose delivery of received bytes can be held."""
 
     def __init__(self, inner: trio.abc.Stream) -> None:
         self.inner = inner
@@ -102,14 +103,15 @@ class HeldStream(trio.abc.Stream):
         self._open.set()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self._open.wait()
         await self.inner.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.inner.receive_some(max_bytes)
+        data = await self.inner.receive_some(max_bytes)
+        await self._open.wait()
+        return data
 
     async def aclose(self) -> None:
         await self.inner.aclose()

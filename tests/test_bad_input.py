@@ -118,9 +118,14 @@ async def test_client_api_raises_typed_errors(cluster):
 
 
 async def test_a_client_that_stops_reading_is_dropped_and_others_carry_on(nursery, root):
-    """Real TCP: only a real socket pushes back when its reader stops reading."""
+    """Real TCP: only a real socket pushes back when its reader stops reading. The
+    connection is dropped when its replies pass max_outbox or a send stalls for
+    send_timeout, whichever comes first."""
     service = await nursery.start(
-        serve, ServerSettings(root=str(root), port=0, max_outbox=256 * 1024, hot_writes=0)
+        serve,
+        ServerSettings(
+            root=str(root), port=0, max_outbox=256 * 1024, send_timeout=0.5, hot_writes=0
+        ),
     )
     async with fscache.open_client("127.0.0.1", service.port) as c:
         await c.write("big", b"x" * 60_000)
