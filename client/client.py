@@ -260,6 +260,14 @@ class Client:
         assert isinstance(reply, p.StatsResult)
         return reply.counters
 
+    def leased(self, path: str) -> StatResult | None:
+        """The attributes of ``path`` as cached, if a trusted lease covers it now (no
+        request: the lease that keeps the data current keeps its size current too)."""
+        entry = self._entries.get(path)
+        if entry is None or self._clock() >= entry.expiry:
+            return None
+        return StatResult(path, entry.version, len(entry.data), False)
+
     @property
     def stats(self) -> Mapping[str, int | float]:
         """Client-side counters: hits, misses, ... (a snapshot)."""

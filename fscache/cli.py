@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     ls = client_command("ls", "list a directory")
     ls.add_argument("path", metavar="DIR", nargs="?", default="")
     client_command("stats", "print the server's counters as JSON")
+    mount = client_command("mount", "mount the tree on a local directory (FUSE)")
+    mount.add_argument("mountpoint", metavar="MOUNTPOINT")
+    mount.add_argument("--debug", action="store_true", help="log every FUSE request")
 
     certs = sub.add_parser("certs", help="make CA, server and client certificates")
     certs.add_argument("directory", metavar="DIR")
@@ -98,12 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     crash.add_argument("--skew", type=_number, default=0.1, help="skew allowance, seconds")
     crash.add_argument("--clients", type=_count, default=3, help="reader processes (>= 2)")
 
-    bench = sub.add_parser("bench", help="the read/write workload benchmark", add_help=False)
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    sub.add_parser("bench", help="the read/write workload benchmark (fscache bench --help)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # the benchmark parses its own options (--quick, --out ...)
+        from fscache.bench.workload import main as bench_main
+
+        return bench_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -230,6 +237,39 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mount(args: argparse.Namespace) -> int:
+    import trio
+
+    from fscache.client.mount import mount
+
+    mountpoint = os.path.abspath(args.mountpoint)
+    if not os.path.isdir(mountpoint):
+        raise FscacheError(f"mountpoint {args.mountpoint!r} is not a directory")
+
+    async def serve_mount(client: Any) -> int:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def until_unmounted(task_status: trio.TaskStatus[None]) -> None:
+                    await mount(client, mountpoint, debug=args.debug, task_status=task_status)
+                    print("unmounted", flush=True)
+                    nursery.cancel_scope.cancel()
+
+                await nursery.start(until_unmounted)
+                print(
+                    f"fscache mounted {args.address} on {mountpoint}"
+                    f" (to unmount: fusermount3 -u {mountpoint}, or Ctrl-C)",
+                    flush=True,
+                )
+                async for signum in signals:
+                    print(f"{signal.Signals(signum).name}: unmounting", flush=True)
+                    break
+                nursery.cancel_scope.cancel()
+        return 0
+
+    return _with_client(args, serve_mount)
+
+
 # ---------------------------------------------------------------- the rest
 def _certs(args: argparse.Namespace) -> int:
     from fscache.tls import make_certs
@@ -248,21 +288,15 @@ def _demo(args: argparse.Namespace) -> int:
     return run_crash_demo(term=args.term, skew=args.skew, clients=args.clients)
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from fscache.bench.workload import main as bench_main
-
-    return bench_main(args.bench_args)
-
-
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "serve": _serve,
     "read": _read,
     "write": _write,
     "ls": _ls,
     "stats": _stats,
+    "mount": _mount,
     "certs": _certs,
     "demo": _demo,
-    "bench": _bench,
 }
 
 if __name__ == "__main__":

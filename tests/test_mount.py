@@ -1,0 +1,328 @@
+"""The FUSE mount: a real kernel mount of a real server, used with plain file calls.
+
+Test rules for this module:
+
+* File calls on the mount run in a worker thread (``trio.to_thread.run_sync``):
+  the kernel's requests are answered by this very trio loop, so a system call on
+  the mount from the loop's own thread would wait for itself forever.
+* "Another client" is a second fscache client on the same server: what it reads
+  and writes is what the rest of the world sees.
+* Every mount is torn down, pass or fail: the fixture cancels it (``mount`` always
+  unmounts on the way out) and then checks ``/proc/self/mounts``; a mount still
+  there is detached with ``fusermount3 -u -z`` and the test fails.
+* The module skips, saying why, only where pyfuse3 cannot be imported or the
+  machine does not let us mount (tried for real once per module).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+import fscache
+from fscache.server.service import ServerSettings, serve
+
+pyfuse3 = pytest.importorskip(
+    "pyfuse3", reason="pyfuse3 is not installed (pip install 'fscache[fuse]'; needs libfuse3-dev)"
+)
+
+from fscache.client.mount import mount  # noqa: E402  (after the skip: it needs pyfuse3)
+
+
+def _mounted(path: Path) -> bool:
+    """Whether ``path`` is a mount point, without a system call on the mount itself
+    (``os.path.ismount`` says False for a dead FUSE mount: its lstat fails)."""
+    with open("/proc/self/mounts") as mounts:
+        points = {line.split()[1].replace("\\040", " ") for line in mounts}
+    return str(path) in points
+
+
+def _why_mounting_fails(mountpoint: Path) -> str | None:
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse does not exist (no fuse kernel module, or a container without it)"
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as exc:
+        return f"cannot open /dev/fuse: {exc.strerror}"
+    if os.geteuid() != 0 and shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (apt-get install fuse3)"
+    try:
+        pyfuse3.init(pyfuse3.Operations(), str(mountpoint), set(pyfuse3.default_options))
+    except RuntimeError as exc:
+        pyfuse3.close(unmount=False)
+        return (
+            f"pyfuse3.init: {exc} (mounting is not permitted here; see stderr for libfuse's words)"
+        )
+    pyfuse3.close(unmount=True)
+    return None
+
+
+@pytest.fixture(scope="module")
+def mountable(tmp_path_factory) -> None:
+    reason = _why_mounting_fails(tmp_path_factory.mktemp("probe"))
+    if reason is not None:
+        pytest.skip(f"cannot mount FUSE on this machine: {reason}")
+
+
+def _tear_down(mountpoint: Path) -> None:
+    """The last resort: a mount that outlived its ``mount()`` fails the test."""
+    if _mounted(mountpoint) or os.path.ismount(mountpoint):
+        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
+        pytest.fail(f"{mountpoint} was still mounted after the mount ended")
+
+
+@pytest.fixture
+async def server(nursery, root):
+    return await nursery.start(serve, ServerSettings(root=str(root), port=0, max_frame=1 << 20))
+
+
+@pytest.fixture
+async def other(server):
+    """Another client of the same server: the rest of the world."""
+    async with fscache.open_client("127.0.0.1", server.port) as client:
+        yield client
+
+
+@pytest.fixture
+async def mnt(mountable, server, tmp_path):
+    """The server, mounted; yields the mount point."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    try:
+        async with (
+            fscache.open_client("127.0.0.1", server.port) as client,
+            trio.open_nursery() as nursery,
+        ):
+            await nursery.start(mount, client, str(mountpoint))
+            yield mountpoint
+            nursery.cancel_scope.cancel()
+    finally:
+        _tear_down(mountpoint)
+
+
+async def on_mount(fn, *args):
+    """``fn(*args)`` in a worker thread; a cancelled test does not wait for it (the
+    unmount in teardown ends any system call still waiting on the mount)."""
+    return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+
+
+def read_file(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write_file(path: Path, data: bytes, mode: str = "wb") -> None:
+    with open(path, mode) as f:
+        f.write(data)
+
+
+# ---------------------------------------------------------------- reads and writes
+async def test_a_file_written_through_the_mount_is_read_by_another_client(mnt, other):
+    await on_mount(write_file, mnt / "notes.txt", b"written through the kernel")
+    assert await other.read("notes.txt") == b"written through the kernel"
+    await on_mount(os.makedirs, mnt / "docs")
+    await on_mount(write_file, mnt / "docs" / "a.txt", b"a" * 300_000)  # many FUSE writes
+    assert await other.read("docs/a.txt") == b"a" * 300_000
+    assert await on_mount(read_file, mnt / "docs" / "a.txt") == b"a" * 300_000
+    assert await other.listdir("") == ["docs/", "notes.txt"]
+
+
+async def test_another_clients_writes_are_read_through_the_mount_never_stale(mnt, other):
+    await other.write("shared.txt", b"version one")
+    assert await on_mount(read_file, mnt / "shared.txt") == b"version one"
+    await other.write("shared.txt", b"two")  # shorter: a stale size would show too
+    assert await on_mount(read_file, mnt / "shared.txt") == b"two"
+    await other.write("shared.txt", b"version three, the longest")
+    assert await on_mount(read_file, mnt / "shared.txt") == b"version three, the longest"
+
+    # An open descriptor has no stale pages either: pread at 0 asks fscache again.
+    fd = await on_mount(os.open, mnt / "shared.txt", os.O_RDONLY)
+    try:
+        assert await on_mount(os.pread, fd, 100, 0) == b"version three, the longest"
+        await other.write("shared.txt", b"four")
+        assert await on_mount(os.pread, fd, 100, 0) == b"four"
+    finally:
+        await on_mount(os.close, fd)
+
+
+async def test_overwrite_append_and_truncate_through_the_mount(mnt, other):
+    path = mnt / "f.txt"
+    await on_mount(write_file, path, b"a long first line\n")
+    await on_mount(write_file, path, b"short\n")  # O_TRUNC
+    assert await other.read("f.txt") == b"short\n"
+    await on_mount(write_file, path, b"more\n", "ab")
+    assert await other.read("f.txt") == b"short\nmore\n"
+    await on_mount(os.truncate, path, 5)
+    assert await other.read("f.txt") == b"short"
+
+    def write_then_stat_before_close() -> int:
+        with open(path, "r+b") as f:
+            f.seek(10)
+            f.write(b"!")
+            f.flush()
+            return os.fstat(f.fileno()).st_size  # the writer sees its own buffer
+
+    assert await on_mount(write_then_stat_before_close) == 11
+    assert await other.read("f.txt") == b"short\0\0\0\0\0!"
+
+
+# ---------------------------------------------------------------- names and attributes
+async def test_ls_stat_unlink_and_enoent(mnt, other):
+    version = await other.write("docs/a.txt", b"12345")
+    await other.write("b.bin", b"")
+    assert sorted(await on_mount(os.listdir, mnt)) == ["b.bin", "docs"]
+    assert await on_mount(os.listdir, mnt / "docs") == ["a.txt"]
+
+    st = await on_mount(os.stat, mnt / "docs" / "a.txt")
+    assert (st.st_size, st.st_mtime_ns, st.st_mode) == (5, version, 0o100644)
+    assert await on_mount(read_file, mnt / "docs" / "a.txt") == b"12345"  # now leased:
+    st = await on_mount(os.stat, mnt / "docs" / "a.txt")  # attributes from the cache
+    assert (st.st_size, st.st_mtime_ns) == (5, version)
+    assert (await on_mount(os.stat, mnt / "docs")).st_mode == 0o40755
+
+    await other.write("docs/a.txt", b"123")  # attributes are never cached either
+    assert (await on_mount(os.stat, mnt / "docs" / "a.txt")).st_size == 3
+
+    await on_mount(os.unlink, mnt / "docs" / "a.txt")
+    with pytest.raises(fscache.NotFound):
+        await other.read("docs/a.txt")
+    for call in (os.stat, read_file, os.unlink):
+        with pytest.raises(FileNotFoundError):
+            await on_mount(call, mnt / "docs" / "a.txt")
+    with pytest.raises(FileNotFoundError):
+        await on_mount(os.listdir, mnt / "nowhere")
+    await other.delete("b.bin")  # a file another client removes is gone here too
+    assert await on_mount(os.listdir, mnt) == ["docs"]
+
+
+async def test_directories_rename_and_bad_names(mnt, other):
+    await on_mount(os.makedirs, mnt / "new" / "sub")  # only in this mount, for now
+    assert "new" in await on_mount(os.listdir, mnt)
+    assert await other.listdir("") == []
+    with pytest.raises(FileExistsError):
+        await on_mount(os.mkdir, mnt / "new")
+    with pytest.raises(OSError) as busy:
+        await on_mount(os.rmdir, mnt / "new")
+    assert busy.value.errno == errno.ENOTEMPTY
+    await on_mount(os.rmdir, mnt / "new" / "sub")
+    await on_mount(write_file, mnt / "new" / "f", b"f")  # now the server has "new/"
+    assert await other.listdir("") == ["new/"]
+    await on_mount(os.unlink, mnt / "new" / "f")
+    with pytest.raises(PermissionError):  # fscache never removes a server directory
+        await on_mount(os.rmdir, mnt / "new")
+
+    await on_mount(write_file, mnt / "r", b"r")
+    with pytest.raises(OSError) as cross:
+        await on_mount(os.rename, mnt / "r", mnt / "s")
+    assert cross.value.errno == errno.EXDEV  # so mv copies and deletes
+    await on_mount(shutil.move, mnt / "r", mnt / "s")
+    assert await other.read("s") == b"r"
+    with pytest.raises(fscache.NotFound):
+        await other.read("r")
+
+    with pytest.raises(OSError) as reserved:
+        await on_mount(write_file, mnt / ".fscache-mine", b"")
+    assert reserved.value.errno == errno.EINVAL
+    with pytest.raises(OSError) as too_big:
+        await on_mount(write_file, mnt / "big", b"x" * (1 << 20))
+    assert too_big.value.errno == errno.EFBIG  # raised by close(): writes go on flush
+
+
+async def test_without_the_server_reads_fail_with_eio_not_stale_data(mountable, root, tmp_path):
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    try:
+        async with trio.open_nursery() as outer:
+            server_scope = trio.CancelScope()
+
+            async def run_server(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                with server_scope:
+                    await serve(ServerSettings(root=str(root), port=0), task_status=task_status)
+
+            server = await outer.start(run_server)
+            async with fscache.open_client("127.0.0.1", server.port) as client:
+                await client.write("a", b"a")
+                await outer.start(mount, client, mountpoint)
+                assert await on_mount(read_file, mountpoint / "a") == b"a"
+                server_scope.cancel()
+                # "a" is leased, but looking up the directories on the way needs the server
+                for call in (os.listdir, os.stat):
+                    with pytest.raises(OSError) as gone:
+                        await on_mount(call, mountpoint)
+                    assert gone.value.errno == errno.EIO
+                outer.cancel_scope.cancel()
+    finally:
+        _tear_down(mountpoint)
+
+
+# ---------------------------------------------------------------- mounting and unmounting
+async def test_fusermount_u_ends_the_mount(mountable, server, tmp_path):
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    try:
+        async with (
+            fscache.open_client("127.0.0.1", server.port) as client,
+            trio.open_nursery() as nursery,
+        ):
+            await nursery.start(mount, client, mountpoint)
+            assert _mounted(mountpoint)
+            with pytest.raises(fscache.FscacheError, match="already has a mount"):
+                await mount(client, tmp_path)  # pyfuse3: one session per process
+            await trio.to_thread.run_sync(
+                lambda: subprocess.run(["fusermount3", "-u", str(mountpoint)], check=True)
+            )
+        assert not _mounted(mountpoint)  # mount() returned by itself
+    finally:
+        _tear_down(mountpoint)
+
+
+def test_the_mount_command_serves_until_sigint(mountable, tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "hello.txt").write_bytes(b"hello from the server\n")
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    command = [sys.executable, "-m", "fscache"]
+    server = subprocess.Popen(
+        [*command, "serve", "--root", str(root), "--port", "0"], stdout=subprocess.PIPE
+    )
+    mounter = None
+    try:
+        address = server.stdout.readline().decode().split(" on ")[1].split()[0]
+        mounter = subprocess.Popen(
+            [*command, "mount", address, str(mountpoint)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        line = mounter.stdout.readline().decode()
+        assert line.startswith(f"fscache mounted {address} on {mountpoint}"), (
+            line + mounter.stderr.read().decode()
+        )
+        assert (mountpoint / "hello.txt").read_bytes() == b"hello from the server\n"
+        (mountpoint / "back.txt").write_bytes(b"back")
+        assert (root / "back.txt").read_bytes() == b"back"
+        again = subprocess.run(
+            [*command, "mount", address, str(mountpoint)], capture_output=True, timeout=30
+        )
+        assert again.returncode == 1 and b"already a mount point" in again.stderr
+        mounter.send_signal(signal.SIGINT)
+        assert mounter.wait(timeout=10) == 0, mounter.stderr.read().decode()
+        assert not _mounted(mountpoint)
+    finally:
+        for process in (mounter, server):
+            if process is not None:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+                    process.wait(timeout=10)
+                process.stdout.close()
+                if process.stderr is not None:
+                    process.stderr.close()
+        _tear_down(mountpoint)
