@@ -161,18 +161,10 @@ class Outbox:
     Only one send is ever under way, so frames leave in the order they were queued.
     """
 
-    def __init__(
-        self,
-        stream: trio.abc.SendStream,
-        limit: int,
-        *,
-        stall_timeout: float,
-        on_stall: Callable[[], None],
-    ) -> None:
+    def __init__(self, stream: trio.abc.SendStream, limit: int) -> None:
         self.stream = stream
         self.limit = limit
-        self.stall_timeout = stall_timeout
-        self.on_stall = on_stall  # the peer stopped reading: drop the connection
+        self.send_started: float | None = None  # when the send under way began
         self._frames: deque[bytes] = deque()
         self.nbytes = 0
         self._ready = trio.Event()
@@ -196,13 +188,11 @@ class Outbox:
             data = b"".join(self._frames)
             self._frames.clear()
             self.nbytes = 0
-            with trio.move_on_after(self.stall_timeout) as stalled:
-                await self.stream.send_all(data)
-            if stalled.cancelled_caught:
-                self.on_stall()
-                await trio.lowlevel.checkpoint()  # (the connection is cancelled now)
+            self.send_started = trio.current_time()
+            await self.stream.send_all(data)
         finally:
             self._sending = False
+            self.send_started = None
         if self._frames:
             self._ready.set()
 
@@ -406,17 +396,7 @@ class FileService:
     ) -> None:
         holder = HolderId(hello.client_id)
         with trio.CancelScope() as cancel:
-
-            def stalled() -> None:
-                log.warning("%s stopped reading its replies; dropping the connection", peer)
-                cancel.cancel()
-
-            outbox = Outbox(
-                stream,
-                self.settings.max_outbox,
-                stall_timeout=self.settings.send_timeout,
-                on_stall=stalled,
-            )
+            outbox = Outbox(stream, self.settings.max_outbox)
             connection = Connection(holder, outbox, cancel, peer, self.counters)
             previous = self.connections.get(holder)
             if previous is not None:  # the same client reconnected: the old link is dead
@@ -428,8 +408,11 @@ class FileService:
                 self._execute(self.table.connected(holder, self.clock()))
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._send_loop, outbox, cancel)
+                    watchdog = trio.CancelScope()
+                    nursery.start_soon(self._watch_sends, connection, watchdog)
                     await self._receive_loop(stream, decoder, connection)
                     outbox.close()  # flush what is queued, then the sender ends
+                    watchdog.cancel()
             finally:
                 connection.alive = False
                 outbox.close()
@@ -446,6 +429,20 @@ class FileService:
                 )  # fmt: skip
         if cancel.cancelled_caught:
             self.counters["connections_dropped"] += 1
+
+    async def _watch_sends(self, connection: Connection, scope: trio.CancelScope) -> None:
+        """Drop the connection when a send has not completed within send_timeout: the
+        peer stopped reading. (A watchdog, not a cancel scope around every send.)"""
+        timeout = self.settings.send_timeout
+        with scope:
+            while True:
+                await trio.sleep(timeout / 4)
+                started = connection.outbox.send_started
+                if started is not None and trio.current_time() - started >= timeout:
+                    log.warning("%s stopped reading its replies; dropping it", connection.peer)
+                    connection.alive = False
+                    connection.cancel.cancel()
+                    return
 
     async def _send_loop(self, outbox: Outbox, cancel: trio.CancelScope) -> None:
         try:
