@@ -90,14 +90,23 @@ class _Link:
         self.welcome = welcome
         self.cancel = cancel
         self.waiting: dict[int, _Request] = {}
-        self.send_lock = trio.StrictFIFOLock()
+        self._sending = False  # one send_all at a time; waiters park in FIFO order
+        self._send_turn = trio.lowlevel.ParkingLot()
         self.last_heard = 0.0
         self.broken = False
 
     async def send(self, message: p.Message) -> None:
+        """Send one frame. Uncontended, this yields only inside send_all (a lock's
+        acquire would add a pass through the scheduler to every request)."""
         frame = p.encode(message)
-        async with self.send_lock:
+        while self._sending:
+            await self._send_turn.park()
+        self._sending = True
+        try:
             await self.stream.send_all(frame)
+        finally:
+            self._sending = False
+            self._send_turn.unpark()
 
 
 class Client:
