@@ -285,6 +285,10 @@ class Progress:
 
 
 # ---------------------------------------------------------------- calibration
+CALIBRATION_MIN_CPU_S = 0.1  # ten clock ticks of server CPU time at the least
+CALIBRATION_MAX_S = 10.0
+
+
 def calibrate(cfg: Config, workdir: str) -> dict[str, float]:
     """One client, closed loop, term 0 (every read a round trip): the round trip's
     median and the server's CPU time per message. ``m_proc`` is the latter;
@@ -303,11 +307,18 @@ def calibrate(cfg: Config, workdir: str) -> dict[str, float]:
                     await client.read(path)  # warm: imports, connection, page cache
                 before = await client.server_stats()
                 cpu0 = server.cpu_seconds()
-                times = []
-                for i in range(cfg.calibration_reads):
-                    start = time.perf_counter()
-                    await client.read(paths[i % len(paths)])
-                    times.append(time.perf_counter() - start)
+                times: list[float] = []
+                deadline = time.monotonic() + CALIBRATION_MAX_S
+                # Server CPU time comes in clock ticks (10 ms): read on until enough
+                # ticks have passed for the per-message figure to mean something.
+                while len(times) < cfg.calibration_reads or (
+                    server.cpu_seconds() - cpu0 < CALIBRATION_MIN_CPU_S
+                    and time.monotonic() < deadline
+                ):
+                    for _ in range(100):
+                        start = time.perf_counter()
+                        await client.read(paths[len(times) % len(paths)])
+                        times.append(time.perf_counter() - start)
                 cpu = server.cpu_seconds() - cpu0
                 after = await client.server_stats()
             messages = sum(after[k] - before[k] for k in ("messages_in", "messages_out"))
