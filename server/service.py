@@ -455,14 +455,15 @@ class FileService:
     async def _receive_loop(
         self, stream: trio.abc.Stream, decoder: p.FrameDecoder, connection: Connection
     ) -> None:
-        for message in decoder:  # frames that came with the hello
-            self._dispatch(connection, message)
         outbox = connection.outbox
+        received_with_hello = True  # frames may have come in the hello's packet
         while not connection.goodbye:
-            data = await stream.receive_some(RECEIVE_SIZE)
-            if not data:
-                return
-            decoder.feed(data)
+            if not received_with_hello:
+                data = await stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    return
+                decoder.feed(data)
+            received_with_hello = False
             outbox.batching = True
             try:
                 for message in decoder:

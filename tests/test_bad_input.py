@@ -160,3 +160,18 @@ async def test_a_wrong_protocol_version_is_refused_clearly(cluster):
     peer_decoder.feed(await stream.receive_some(65536))
     reply = peer_decoder.next_message()
     assert isinstance(reply, p.Error) and "version 99" in reply.message
+
+
+async def test_a_bad_frame_in_the_hellos_packet_gets_the_same_typed_error(cluster):
+    stream = cluster._connect("eager")
+    hello = p.encode(p.Hello(version=p.PROTOCOL_VERSION, client_id="eager"))
+    await stream.send_all(hello + b"\x00\x00\x00\x03abc")  # hello, then garbage
+    decoder = p.FrameDecoder()
+    replies = []
+    while (data := await stream.receive_some(65536)) != b"":
+        decoder.feed(data)
+        replies.extend(decoder)
+    assert isinstance(replies[0], p.Welcome)
+    assert isinstance(replies[1], p.Error) and replies[1].code == "protocol"
+    assert cluster.service.stats()["protocol_errors"] == 1
+    await assert_service_unharmed(cluster)
