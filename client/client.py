@@ -526,10 +526,11 @@ class Client:
                         for message in decoder:
                             self._on_message(link, message)
                     cancel.cancel()
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                log.debug("connection to %s lost: %s", self.address, exc)
-            except FscacheError as exc:
-                log.warning("connection to %s closed: %s", self.address, exc)
+            # except*: whether the reader's error arrives bare or grouped by the nursery
+            except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as lost:
+                log.debug("connection to %s lost: %s", self.address, lost.exceptions[0])
+            except* FscacheError as refused:
+                log.warning("connection to %s closed: %s", self.address, refused.exceptions[0])
             finally:
                 self._link_lost(link)
                 await trio.aclose_forcefully(stream)

@@ -50,6 +50,7 @@ class Cluster:
         self.links.setdefault(name, []).append(client_side)
         held = self.gates.setdefault(name, HeldStream(client_side))
         held.inner = client_side
+        held.broken = False
         self.nursery.start_soon(self.service.serve_stream, server_side)
         return held
 
@@ -60,6 +61,10 @@ class Cluster:
 
     def release(self, name: str) -> None:
         self.gates[name].release()
+
+    def reset(self, name: str) -> None:
+        """The next bytes ``name`` receives arrive as a connection reset instead."""
+        self.gates[name].broken = True
 
     def opener(self, name: str) -> Callable[[], Any]:
         async def open_stream() -> trio.abc.Stream:
@@ -92,6 +97,7 @@ class HeldStream(trio.abc.Stream):
 
     def __init__(self, inner: trio.abc.Stream) -> None:
         self.inner = inner
+        self.broken = False
         self._open = trio.Event()
         self._open.set()
 
@@ -111,6 +117,8 @@ class HeldStream(trio.abc.Stream):
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         data = await self.inner.receive_some(max_bytes)
         await self._open.wait()
+        if self.broken:
+            raise trio.BrokenResourceError("connection reset by peer")
         return data
 
     async def aclose(self) -> None:

@@ -310,3 +310,15 @@ async def test_a_deleted_file_is_gone_from_every_cache_including_the_deleters(
             with pytest.raises(fscache.NotFound):
                 await client.read("f")
         assert cluster.service.table.holders("f", trio.current_time()) == {}
+
+
+async def test_a_connection_reset_costs_a_reconnect_not_the_client(cluster, autojump_clock):
+    """The reader's error may arrive bare or grouped by its nursery: either way the
+    client reconnects, re-approves what it missed, and carries on."""
+    await seed(cluster)
+    async with cluster.client("reader") as reader, cluster.client("writer") as writer:
+        assert await reader.read("f") == b"v1"
+        cluster.reset("reader")
+        await writer.write("f", b"v2")  # its approval request meets the reset
+        assert await reader.read("f") == b"v2"
+        assert reader.stats["reconnects"] == 1
