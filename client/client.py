@@ -306,7 +306,9 @@ class Client:
         if shared is not None:
             self._counters["reads_shared"] += 1
             await shared.done.wait()
-            return self._read_result(shared)
+            if shared.error is None or isinstance(shared.error, FscacheError):
+                return self._read_result(shared)
+            return await self._read_miss(path)  # its sender was cancelled: ask ourselves
         entry = self._cache.get(path)
         have = entry.version if entry is not None else None
         request = _Request(p.Read(id=0, path=path, have=have), sent_at=0.0, path=path)

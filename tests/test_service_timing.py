@@ -322,3 +322,29 @@ async def test_a_connection_reset_costs_a_reconnect_not_the_client(cluster, auto
         await writer.write("f", b"v2")  # its approval request meets the reset
         assert await reader.read("f") == b"v2"
         assert reader.stats["reconnects"] == 1
+
+
+async def test_a_cancelled_reader_does_not_take_the_readers_sharing_its_miss_down(
+    cluster, autojump_clock
+):
+    """Concurrent misses share one request; if the task that sent it is cancelled, the
+    others ask again for themselves rather than receive its Cancelled."""
+    await seed(cluster)
+    async with cluster.client("reader") as reader:
+        cluster.hold("reader")  # the reply stays in flight
+        results: list[bytes] = []
+
+        async def impatient() -> None:
+            with trio.move_on_after(1.0):
+                await reader.read("f")
+
+        async def patient() -> None:
+            results.append(await reader.read("f"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(impatient)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(patient)  # joins the impatient reader's request
+            await trio.sleep(2.0)  # the impatient one has given up by now
+            cluster.release("reader")
+        assert results == [b"v1"]
