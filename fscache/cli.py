@@ -118,7 +118,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     try:
-        return _COMMANDS[args.command](args)
+        try:
+            return _COMMANDS[args.command](args)
+        except BaseExceptionGroup as group:  # trio groups what a nursery raised
+            leaf = _single_leaf(group)
+            if leaf is None:
+                raise
+            raise leaf from None
     except Unavailable as exc:
         print(f"fscache: unavailable: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -133,6 +139,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `fscache stats ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def _single_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one exception inside nested single-member groups, or None."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        if len(exc.exceptions) != 1:
+            return None
+        exc = exc.exceptions[0]
+    return exc
 
 
 # ---------------------------------------------------------------- serve

@@ -188,6 +188,14 @@ def test_bad_serve_arguments_are_refused(tmp_path):
     assert result.returncode == 1 and "not a directory" in result.stderr.decode()
 
 
+def test_serve_on_a_busy_port_says_so_in_one_line(served, tmp_path):
+    port = served.split(":")[1]
+    result = fscache_command("serve", "--root", str(tmp_path), "--port", port)
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "cannot listen on" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 def test_certs_command_makes_usable_certificates(tmp_path):
     result = fscache_command("certs", str(tmp_path / "tls"))
     assert result.returncode == 0, result.stderr
