@@ -24,8 +24,11 @@ import trio
 from fscache.cache import DEFAULT_MAX_BYTES
 from fscache.client.client import Client, StatResult, open_client, parse_address
 from fscache.errors import FscacheError
+from fscache.paths import normalize
 
 T = TypeVar("T")
+
+MAX_SPELLINGS = 4096  # remembered non-normal spellings of paths, for caller-thread hits
 
 
 class BlockingClient:
@@ -58,6 +61,7 @@ class BlockingClient:
             raise started
         self._client, self._token = started
         self._entries = self._client._entries
+        self._spellings: dict[str, str] = {}  # other spellings of normal paths
         self._hits = 0
         self._closed = False
 
@@ -90,6 +94,9 @@ class BlockingClient:
     # ------------------------------------------------------------ the hot path
     def read(self, path: str) -> bytes:
         entry = self._entries.get(path)
+        if entry is None and path in self._spellings:  # e.g. "./docs//a.txt"
+            path = self._spellings[path]
+            entry = self._entries.get(path)
         if entry is not None and time.monotonic() < entry.expiry:
             try:  # noqa: SIM105 -- contextlib.suppress would double the cost of a hit
                 self._entries.move_to_end(path)
@@ -97,7 +104,12 @@ class BlockingClient:
                 pass
             self._hits += 1
             return entry.data
-        return self._run(self._client.read, path)
+        normal = normalize(path)
+        if normal != path:  # remember the spelling, so its next hit stays on this thread
+            if len(self._spellings) >= MAX_SPELLINGS:
+                self._spellings.clear()
+            self._spellings[path] = normal
+        return self._run(self._client.read, normal)
 
     # ------------------------------------------------------------ everything else
     def write(self, path: str, data: bytes, *, if_version: int | None = None) -> int:

@@ -87,6 +87,24 @@ async def test_the_blocking_api_answers_hits_on_the_callers_thread(server):
     assert stats["hits"] >= 1000
 
 
+async def test_blocking_hits_stay_on_the_callers_thread_for_any_spelling(server):
+    port = server.port
+
+    def use_it() -> None:
+        with fscache.connect(f"127.0.0.1:{port}") as c:
+            c.write("docs/a.txt", b"a")
+            assert c.read("./docs//a.txt") == b"a"  # a miss: learns the spelling
+            loop_thread_calls = c._run
+            c._run = lambda *args: pytest.fail("a cache hit crossed to the loop thread")
+            for spelling in ("docs/a.txt", "./docs//a.txt"):
+                assert c.read(spelling) == b"a"
+            c._run = loop_thread_calls
+            with pytest.raises(fscache.BadPath):
+                c.read("../outside")
+
+    await trio.to_thread.run_sync(use_it)
+
+
 async def test_the_blocking_client_reports_an_unreachable_server(nursery):
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
