@@ -72,9 +72,9 @@ class StatResult:
 class _Request:
     """One request waiting for its reply."""
 
-    message: p.Message
-    sent_at: float
     path: str = ""
+    message: p.Message | None = None  # built with its id as it is sent
+    sent_at: float = 0.0
     data: bytes = b""  # a revalidating read: the cached data of the version it names
     id: int = 0
     reply: p.Message | None = None
@@ -311,7 +311,7 @@ class Client:
             return await self._read_miss(path)  # its sender was cancelled: ask ourselves
         entry = self._cache.get(path)
         have = entry.version if entry is not None else None
-        request = _Request(p.Read(id=0, path=path, have=have), sent_at=0.0, path=path)
+        request = _Request(path)
         if entry is not None:
             request.data = entry.data
         self._inflight[path] = request
@@ -347,10 +347,8 @@ class Client:
     async def _call_request(
         self, link: _Link, make: Callable[[int], p.Message], path: str = ""
     ) -> _Request:
-        request = _Request(make(0), sent_at=0.0, path=path)
+        request = _Request(path)
         await self._send_request(link, request, make)
-        if request.error is not None:
-            raise _copy_error(request.error)
         return request
 
     async def _send_request(
@@ -359,14 +357,14 @@ class Client:
         """Send, wait for the reply (the reader fills it in), raise the server's error."""
         self._next_id += 1
         request_id = self._next_id
-        request.message = make(request_id)
+        request.message = message = make(request_id)
         request.id = request_id
         request.sent_at = self._clock()
         if not link.waiting:
             link.last_heard = request.sent_at  # silence is measured from the first request
         link.waiting[request_id] = request
         try:
-            await link.send(request.message)
+            await link.send(message)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             link.waiting.pop(request_id, None)
             self._link_lost(link)

@@ -24,9 +24,7 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     protocol = PROTOCOL
     root_marker = ""
 
-    def __init__(
-        self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, **kwargs: Any
-    ) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, **kwargs: Any) -> None:
         client_options = {k: kwargs.pop(k) for k in ("client_id", "ssl_context") if k in kwargs}
         super().__init__(**kwargs)
         self.client: BlockingClient = connect(f"{host}:{port}", **client_options)
