@@ -169,7 +169,6 @@ class _Op:
     is_write: bool
     arrived: float
     started: bool = False  # write: approval requests sent
-    applying: bool = False  # write: ApplyWrite handed out, waiting for write_done
     waiting_on: dict[HolderId, float] = dataclasses.field(default_factory=dict)  # holder: dead-by
 
 
@@ -377,9 +376,8 @@ class LeaseTable:
         return effects + self._try_apply(head, now)
 
     def _try_apply(self, write: _Op, now: float) -> list[Effect]:
-        if write.waiting_on or write.applying or now < self.hold_writes_until:
+        if write.waiting_on or now < self.hold_writes_until:
             return []
-        write.applying = True
         del self._started[write.path]
         self._applying[write.op] = write.path
         return [ApplyWrite(write.op, write.holder, write.path)]

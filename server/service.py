@@ -648,8 +648,7 @@ class FileService:
                 self.counters["writes_applied"] += 1
             else:
                 self._pending.pop(effect.op, None)
-            with trio.CancelScope(shield=True):
-                self._execute(self.table.write_done(effect.op, self.clock(), ok=ok))
+            self._execute(self.table.write_done(effect.op, self.clock(), ok=ok))
 
     # ------------------------------------------------------------ counters
     def stats(self) -> dict[str, Any]:
