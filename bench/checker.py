@@ -57,6 +57,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from fscache.cli import parse_serving_line
+
 START_TIMEOUT = 15.0  # seconds a server may take to print its address
 
 
@@ -367,8 +369,9 @@ class _Nemesis:
             )  # fmt: skip
             while time.monotonic() < deadline:
                 text = out_path.read_text(errors="replace")
-                if " serving " in text:
-                    self.port = int(text.split(" serving ", 1)[1].split(" (")[0].rsplit(":", 1)[1])
+                address = parse_serving_line(text.partition("\n")[0])
+                if address is not None:
+                    self.port = address[1]
                     return
                 if self.server.poll() is not None:
                     break  # e.g. the port is not free yet: try again

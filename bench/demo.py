@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from typing import Any, ClassVar, TextIO
 
 import trio
 
+from fscache.cli import parse_serving_line
 from fscache.client.client import Client, open_client
 from fscache.errors import FscacheError
 
@@ -383,11 +383,11 @@ class _CrashDemo:
         with trio.move_on_after(START_TIMEOUT):
             await first.wait()
         banner = self.server_lines[0] if self.server_lines else ""
-        match = re.search(r" on (\S+):(\d+) \(", banner)
-        if match is None:
+        address = parse_serving_line(banner)
+        if address is None:
             why = f"said {banner!r}" if banner else "did not start"
             raise _Abort(f"the server {why} (exit status {self.server.poll()})")
-        self.host, self.port = match[1], int(match[2])
+        self.host, self.port = address
         self.c.event(
             time.monotonic(),
             "server",

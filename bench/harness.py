@@ -17,7 +17,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+
+from fscache.cli import parse_serving_line
 
 START_TIMEOUT = 15.0  # seconds a server may take to print its address
 STOP_TIMEOUT = 10.0
@@ -72,8 +74,10 @@ def free_port() -> int:
         return port
 
 
-def _spawn(name: str, argv: Sequence[str], port_from_line: str) -> ServerProcess:
-    """Start ``argv``; its first stdout line must contain ``port_from_line`` then host:port."""
+def _spawn(
+    name: str, argv: Sequence[str], address_in: Callable[[str], tuple[str, int] | None]
+) -> ServerProcess:
+    """Start ``argv``; ``address_in`` finds host and port in its first stdout line."""
     popen = subprocess.Popen(
         list(argv),
         stdout=subprocess.PIPE,
@@ -84,12 +88,20 @@ def _spawn(name: str, argv: Sequence[str], port_from_line: str) -> ServerProcess
     server = ServerProcess(name, popen, 0)
     assert popen.stdout is not None
     line = popen.stdout.readline()
-    if port_from_line not in line:
+    address = address_in(line)
+    if address is None:
         server.stop()
         raise RuntimeError(f"{name} did not start: {line.strip() or 'no output'}")
-    address = line.rpartition(port_from_line)[2].split()[0]
-    server.port = int(address.rpartition(":")[2])
+    server.port = address[1]
     return server
+
+
+def _echo_address(line: str) -> tuple[str, int] | None:
+    """From ``echo serving on HOST:PORT``."""
+    if not line.startswith("echo serving on "):
+        return None
+    host, _, port = line.split()[-1].rpartition(":")
+    return host, int(port)
 
 
 @contextlib.contextmanager
@@ -102,7 +114,7 @@ def fscache_server(
         sys.executable, "-m", "fscache", "serve", "--root", root, "--port", "0",
         "--term", repr(term), "--skew", repr(skew), "--hot-writes", str(hot_writes),
     ]  # fmt: skip
-    server = _spawn("fscache", argv, " on ")
+    server = _spawn("fscache", argv, parse_serving_line)
     try:
         yield server
     finally:
@@ -112,7 +124,7 @@ def fscache_server(
 @contextlib.contextmanager
 def echo_server() -> Iterator[ServerProcess]:
     """The bare trio echo server of :mod:`fscache.bench.echo` on a free port."""
-    server = _spawn("echo", [sys.executable, "-m", "fscache.bench.echo"], " on ")
+    server = _spawn("echo", [sys.executable, "-m", "fscache.bench.echo"], _echo_address)
     try:
         yield server
     finally:

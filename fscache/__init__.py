@@ -1,10 +1,10 @@
 """fscache: a file service with lease-based cache consistency (Gray & Cheriton, SOSP 1989).
 
-    async with fscache.open_client("127.0.0.1", 7710) as c:   # under trio
-        data = await c.read("docs/a.txt")
+async with fscache.open_client("127.0.0.1", 7710) as c:   # under trio
+    data = await c.read("docs/a.txt")
 
-    with fscache.connect("127.0.0.1:7710") as c:              # from ordinary code
-        data = c.read("docs/a.txt")
+with fscache.connect("127.0.0.1:7710") as c:              # from ordinary code
+    data = c.read("docs/a.txt")
 """
 
 from typing import TYPE_CHECKING, Any

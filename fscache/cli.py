@@ -11,12 +11,17 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from fscache.errors import FscacheError, Unauthorized, Unavailable
+
+# `fscache serve` announces itself with this first line; tools that start a server
+# read the address from it with parse_serving_line (the root may contain anything).
+_SERVING = re.compile(r"^fscache serving .* on (\S+):(\d+) \((term .*)\)$")
 
 T = TypeVar("T")
 
@@ -139,6 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `fscache stats ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def parse_serving_line(line: str) -> tuple[str, int] | None:
+    """``(host, port)`` from the first line ``fscache serve`` prints, or None."""
+    match = _SERVING.match(line.strip())
+    return None if match is None else (match[1], int(match[2]))
 
 
 def _single_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:

@@ -17,6 +17,7 @@ import pytest
 import trio
 
 import fscache
+from fscache.cli import parse_serving_line
 from fscache.server.service import ServerSettings, serve
 from fscache.tls import client_context, make_certs
 
@@ -154,9 +155,9 @@ def served(root):
     )
     try:
         line = process.stdout.readline().decode()
-        assert line.startswith("fscache serving"), line + process.stderr.read().decode()
-        address = line.split(" on ")[1].split()[0]
-        yield address
+        address = parse_serving_line(line)
+        assert address is not None, line + process.stderr.read().decode()
+        yield f"{address[0]}:{address[1]}"
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=10)
@@ -204,6 +205,12 @@ def test_bad_serve_arguments_are_refused(tmp_path):
         assert result.returncode == 2 and "fscache serve: error" in result.stderr.decode()
     result = fscache_command("serve", "--root", str(tmp_path / "missing"))
     assert result.returncode == 1 and "not a directory" in result.stderr.decode()
+
+
+def test_the_serving_line_gives_the_address_whatever_the_root_is_called():
+    line = "fscache serving /data on tap (2) on ::1:7710 (term 10 s, skew 0.1 s, epoch ab)\n"
+    assert parse_serving_line(line) == ("::1", 7710)
+    assert parse_serving_line("restart window: writes held for 10.1 s") is None
 
 
 def test_serve_on_a_busy_port_says_so_in_one_line(served, tmp_path):

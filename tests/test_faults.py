@@ -24,7 +24,6 @@ import json
 import math
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import trio
 import fscache
 from fscache import protocol as p
 from fscache.bench.checker import Op, check_history
+from fscache.cli import parse_serving_line
 from fscache.client.client import DEAD_AFTER, PING_AFTER, Client, open_client
 from fscache.server.service import FileService, ServerSettings, serve
 from fscache.server.store import TEMP_PREFIX
@@ -200,9 +200,9 @@ async def server_process(
         "--term", str(term), "--skew", str(skew), "--hot-writes", "0",
     ) as proc:  # fmt: skip
         line = await proc.readline()
-        match = re.match(r"fscache serving .* on 127\.0\.0\.1:(\d+) \(", line)
-        assert match, line
-        yield ServerChild(proc, int(match[1]), spawned_at, time.monotonic())
+        address = parse_serving_line(line)
+        assert address is not None and address[0] == "127.0.0.1", line
+        yield ServerChild(proc, address[1], spawned_at, time.monotonic())
 
 
 # A client process that reads PATHS, prints when each read was sent and answered, and

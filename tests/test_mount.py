@@ -28,6 +28,7 @@ import pytest
 import trio
 
 import fscache
+from fscache.cli import parse_serving_line
 from fscache.server.service import ServerSettings, serve
 
 pyfuse3 = pytest.importorskip(
@@ -296,7 +297,8 @@ def test_the_mount_command_serves_until_sigint(mountable, tmp_path):
     )
     mounter = None
     try:
-        address = server.stdout.readline().decode().split(" on ")[1].split()[0]
+        host, port = parse_serving_line(server.stdout.readline().decode()) or ("", 0)
+        address = f"{host}:{port}"
         mounter = subprocess.Popen(
             [*command, "mount", address, str(mountpoint)],
             stdout=subprocess.PIPE,
