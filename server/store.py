@@ -37,6 +37,41 @@ descriptor pins one inode, and inodes are never written after their rename, so t
 version (``fstat().st_mtime_ns``) and the data always belong together, even if a
 write replaces the file mid-read.  No lock, no thread: it is the server's hot path.
 
+Content cache.  Files read again and again are served from memory, validated by
+one ``lstat`` per read: an entry holds the data, its version and the key
+``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` of the inode it was read
+from; a read whose ``lstat`` of ``root/path`` finds a regular file with that exact
+key returns the entry, anything else (an error, another inode, a symlink, any
+changed field) drops it and reads the file as above.  The key catches every
+change: a write by anyone replaces the inode (new ``st_ino``) or edits it in place,
+which moves ``st_ctime`` -- a field no program can set, unlike the mtime, and one
+that ``utime`` itself moves.  Only a *coarse* ctime can hide a change: on a file
+system that keeps whole seconds (or an in-memory clock that ticks every few
+milliseconds), an edit in the same tick as the one that set the cached ctime leaves
+every field as it was.  So, as with git's "racily clean" index entries, a file is
+cached only if its ctime is at least ``_RACY_NS`` (2 s: one second of granularity
+plus the kernel's coarse-clock lag, with room to spare) older than the wall clock
+read *before* the file was opened: every later change then gets a strictly later
+ctime.  The file is also ``fstat``\\ed again after reading and cached only if the
+key did not move meanwhile.  Limits: a wall clock stepped backwards by more than
+the margin, or writes through a shared ``mmap`` (the kernel updates the times
+lazily), can hide a change from the cache, as they do from git and rsync.
+
+The cache keeps the read path exactly as safe: an entry is made only from a
+descriptor that landed at ``root/path`` itself (no symlink anywhere on the way,
+checked as for any read), so cached bytes were always read from inside the root,
+and a later ``lstat`` that reaches anything but that same inode misses.  (One
+difference: if a directory on the path is moved out of the root and replaced by a
+symlink to its new place, the unchanged file keeps being served from the cache
+until it changes -- bytes already read from inside the root, never new ones.)  The
+cache holds at most ``content_cache_bytes`` (data plus a per-entry overhead
+estimate), files of at most ``_CACHE_ENTRY_MAX`` bytes, and evicts the oldest
+entries first.  A hit is a dict lookup, one ``lstat`` and one tuple compare; all
+changes to the cache (filling, dropping, and :meth:`Store.write` and
+:meth:`Store.delete` dropping what they replaced, only to free memory sooner) take
+a lock that a hit never touches.  Entries are cached for the paths as given, so
+an alias path simply has its own entry.
+
 Versions.  A write sets the new file's mtime to
 ``max(time.time_ns(), old + 1, floor + 1)``, where ``old`` is the version being
 replaced (0 if none) and ``floor`` is the last version of the path if this store
@@ -86,7 +121,8 @@ import os
 import secrets
 import stat as stat_mod
 import threading
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from time import time_ns
 
@@ -109,6 +145,26 @@ _FLOOR_KEEP_NS = 3600 * 10**9
 _FLOOR_PRUNE_MIN = 10_000
 _MAX_STAMP_TRIES = 80
 
+_CACHE_ENTRY_MAX = 1 << 20
+"""Files larger than this are never held in the content cache."""
+_CACHE_ENTRY_OVERHEAD = 512
+"""Bytes charged per cache entry on top of its data (key, path, dict slot): rough."""
+_RACY_NS = 2 * 10**9
+"""A file is cached only if its ctime is at least this much older than the wall clock."""
+
+_Key = tuple[int, int, int, int, int]
+
+
+class _Cached:
+    """A content-cache entry: the file's data and version, and the key that validates it."""
+
+    __slots__ = ("data", "key", "version")
+
+    def __init__(self, key: _Key, data: bytes) -> None:
+        self.key = key
+        self.version = key[3]  # st_mtime_ns
+        self.data = data
+
 
 class _PathLock:
     __slots__ = ("lock", "users")
@@ -121,9 +177,17 @@ class _PathLock:
 class Store:
     """The directory tree under ``root``, with versions and crash-safe writes."""
 
-    def __init__(self, root: str | os.PathLike[str], *, max_file_size: int) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        max_file_size: int,
+        content_cache_bytes: int = 64 << 20,
+    ) -> None:
         if max_file_size < 0:
             raise FscacheError(f"max_file_size must be >= 0, not {max_file_size}")
+        if content_cache_bytes < 0:
+            raise FscacheError(f"content_cache_bytes must be >= 0, not {content_cache_bytes}")
         shown = os.fspath(root)
         try:
             real = os.path.realpath(shown)
@@ -141,6 +205,17 @@ class Store:
         self._locks: dict[str, _PathLock] = {}
         self._floors: dict[str, int] = {}
         self._prune_at = _FLOOR_PRUNE_MIN
+        self.content_cache_bytes: int = content_cache_bytes
+        self.content_hits: int = 0
+        """Reads served from the content cache (approximate if ``read`` runs in threads)."""
+        self._content: OrderedDict[str, _Cached] = OrderedDict()  # oldest first
+        self._content_bytes = 0  # data + overhead of the entries in _content
+        self._content_lock = threading.Lock()  # guards every change to the two above
+        # Largest cacheable file; negative (none) when the cache is off or too small.
+        self._content_entry_max = min(
+            _CACHE_ENTRY_MAX, max_file_size, content_cache_bytes - _CACHE_ENTRY_OVERHEAD
+        )
+        self._time_ns: Callable[[], int] = time_ns  # the wall clock (a seam for tests)
         self.recover()
 
     # ------------------------------------------------------------------ public
@@ -169,8 +244,31 @@ class Store:
         return removed
 
     def read(self, path: str) -> tuple[int, bytes]:
-        """``(version, data)`` of the file at ``path``, both from one open descriptor."""
-        fd = self._open_for_read(path)
+        """``(version, data)`` of the file at ``path``, both from one open descriptor.
+
+        Or both from the content cache, if ``lstat`` shows the same unchanged inode.
+        """
+        entry = self._content.get(path)
+        if entry is not None:
+            # Only paths whose descriptor landed at exactly root/path get entries, so
+            # ``path`` is plainly relative and canonical here: no check needed.
+            try:
+                st = os.stat(self._prefix + path, follow_symlinks=False)
+            except OSError:
+                pass
+            else:
+                if (
+                    st.st_dev,
+                    st.st_ino,
+                    st.st_size,
+                    st.st_mtime_ns,
+                    st.st_ctime_ns,
+                ) == entry.key and stat_mod.S_ISREG(st.st_mode):
+                    self.content_hits += 1
+                    return entry.version, entry.data
+            self._uncache(path, entry)
+        started = self._time_ns()  # before the open: see "Content cache" above
+        fd, landed_plainly = self._open_for_read(path)
         try:
             st = os.fstat(fd)
             if not stat_mod.S_ISREG(st.st_mode):
@@ -186,6 +284,10 @@ class Store:
             data = os.read(fd, size)
             if len(data) < size:
                 data = _read_rest(fd, data, size)
+            if landed_plainly and len(data) == size <= self._content_entry_max:
+                key = _key(st)
+                if key[4] <= started - _RACY_NS and _key(os.fstat(fd)) == key:
+                    self._cache(path, _Cached(key, data))
             return st.st_mtime_ns, data
         except OSError as exc:
             raise _translate(exc, "read", path) from None
@@ -241,6 +343,7 @@ class Store:
                 if isinstance(exc, OSError):
                     raise _translate(exc, "write", path) from None
                 raise
+            self._forget(path, full)
             with self._mutex:
                 self._floors.pop(full, None)
             try:
@@ -273,6 +376,7 @@ class Store:
                 os.unlink(full)
             except OSError as exc:
                 raise _translate(exc, "delete", path) from None
+            self._forget(path, full)
             self._raise_floor(full, st.st_mtime_ns)
             try:
                 _fsync_dir(os.path.dirname(full))
@@ -313,8 +417,9 @@ class Store:
 
     # ----------------------------------------------------------------- helpers
 
-    def _open_for_read(self, path: str) -> int:
-        """An open descriptor for ``path``, known to lie under the root.
+    def _open_for_read(self, path: str) -> tuple[int, bool]:
+        """An open descriptor for ``path``, known to lie under the root, and whether
+        it is known to be ``root/path`` itself (no symlink on the way: cacheable).
 
         The hot path: open ``root/path`` directly and ask the kernel where the
         descriptor landed (``/proc/self/fd``); that is one syscall instead of an
@@ -333,13 +438,43 @@ class Store:
                 except OSError:
                     landed = None
                 if landed == expected:
-                    return fd
+                    return fd, True
                 os.close(fd)  # a symlink on the way: judge it by the slow path
         full = self._resolve(path)
         try:
-            return os.open(full, _READ_FLAGS)
+            return os.open(full, _READ_FLAGS), full == self._prefix + path
         except OSError as exc:
             raise _translate(exc, "read", path) from None
+
+    def _cache(self, path: str, entry: _Cached) -> None:
+        """Hold ``entry`` for ``path``, evicting the oldest entries to stay in budget."""
+        cost = len(entry.data) + _CACHE_ENTRY_OVERHEAD
+        with self._content_lock:
+            old = self._content.pop(path, None)
+            if old is not None:
+                self._content_bytes -= len(old.data) + _CACHE_ENTRY_OVERHEAD
+            budget = self.content_cache_bytes - cost
+            while self._content and self._content_bytes > budget:
+                _, victim = self._content.popitem(last=False)
+                self._content_bytes -= len(victim.data) + _CACHE_ENTRY_OVERHEAD
+            self._content[path] = entry
+            self._content_bytes += cost
+
+    def _uncache(self, path: str, entry: _Cached) -> None:
+        """Drop ``entry`` if it still is the one held for ``path``."""
+        with self._content_lock:
+            if self._content.get(path) is entry:
+                del self._content[path]
+                self._content_bytes -= len(entry.data) + _CACHE_ENTRY_OVERHEAD
+
+    def _forget(self, path: str, full: str) -> None:
+        """Drop the entries for a file we replaced or removed (to free memory early:
+        validation alone would miss them).  ``full`` covers ``path`` being an alias."""
+        with self._content_lock:
+            for key in {path, full[len(self._prefix) :]}:
+                entry = self._content.pop(key, None)
+                if entry is not None:
+                    self._content_bytes -= len(entry.data) + _CACHE_ENTRY_OVERHEAD
 
     def _inside(self, full: str) -> bool:
         return full == self.root or full.startswith(self._prefix)
@@ -439,6 +574,11 @@ def _plainly_relative(path: str) -> bool:
         and "\0" not in path
         and RESERVED_PREFIX not in path
     )
+
+
+def _key(st: os.stat_result) -> _Key:
+    """What a content-cache entry is validated by (see "Content cache" above)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _regular_file_version(st: os.stat_result, op: str, path: str) -> int:

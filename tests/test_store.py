@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -465,3 +466,255 @@ def test_sigkill_mid_stream_keeps_every_acknowledged_write(root: Path) -> None:
     for d in range(3):
         for s in range(4):
             assert all(not n.startswith(".fscache") for n in store.listdir(f"d{d}/s{s}"))
+
+
+# ------------------------------------------------------------------ content cache
+
+LATER = 10 * 10**9  # the injected wall clock runs this far ahead: files look old enough
+
+
+@pytest.fixture
+def cstore(root: Path) -> Store:
+    """A store whose wall clock runs ahead, so every file is past the racy window."""
+    s = Store(root, max_file_size=MAX)
+    s._time_ns = lambda: time.time_ns() + LATER
+    return s
+
+
+@pytest.fixture
+def opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every path os.open is called with, from now on."""
+    seen: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: str, *args: int, **kwargs: int) -> int:
+        seen.append(os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    return seen
+
+
+def put(root: Path, name: str, data: bytes) -> Path:
+    """Write a file as another program would, with an mtime in the past."""
+    p = root / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    os.utime(p, ns=(1_000_000_000_000, 1_000_000_000_000))
+    return p
+
+
+def test_cache_serves_an_unchanged_file_without_opening_it(
+    cstore: Store, root: Path, opens: list[str]
+) -> None:
+    put(root, "d/f", b"hello")
+    assert cstore.read("d/f") == (1_000_000_000_000, b"hello")
+    assert len(opens) == 1 and cstore.content_hits == 0
+    for _ in range(3):
+        assert cstore.read("d/f") == (1_000_000_000_000, b"hello")
+    assert len(opens) == 1 and cstore.content_hits == 3
+
+
+def test_cache_sees_an_external_in_place_edit(cstore: Store, root: Path) -> None:
+    p = put(root, "f", b"aaaa")
+    before = os.stat(p)
+    assert cstore.read("f")[1] == b"aaaa"
+    with open(p, "r+b") as fh:  # same inode, same size, mtime put back: only ctime moves
+        fh.write(b"bbbb")
+    os.utime(p, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(p)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    if after.st_ctime_ns == before.st_ctime_ns:
+        pytest.skip(
+            "this file system's ctime is too coarse to see the edit (and the clock is faked)"
+        )
+    assert cstore.read("f") == (before.st_mtime_ns, b"bbbb")
+    assert cstore.content_hits == 0
+
+
+def test_cache_sees_an_external_replace(cstore: Store, root: Path) -> None:
+    p = put(root, "f", b"old!")
+    assert cstore.read("f")[1] == b"old!"
+    q = put(root, "elsewhere", b"new!")  # same size and mtime, another inode
+    os.replace(q, p)
+    assert cstore.read("f") == (1_000_000_000_000, b"new!")
+    assert cstore.content_hits == 0
+
+
+def test_cache_sees_an_external_delete(cstore: Store, root: Path) -> None:
+    p = put(root, "d/f", b"x")
+    cstore.read("d/f")
+    p.unlink()
+    with pytest.raises(NotFound):
+        cstore.read("d/f")
+    (root / "d").rmdir()
+    (root / "d").write_bytes(b"now a file")
+    with pytest.raises(NotFound):
+        cstore.read("d/f")
+    assert cstore._content == {}
+
+
+@pytest.mark.parametrize("swap", ["dir", "file-symlink", "dir-symlink", "fifo"])
+def test_cache_refuses_a_swapped_path_as_an_uncached_read_does(tmp_path: Path, swap: str) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "f").write_bytes(b"secret")
+    results: list[str] = []
+    for cache_bytes in (0, 1 << 20):
+        root = tmp_path / f"root{cache_bytes}"
+        root.mkdir()
+        s = Store(root, max_file_size=MAX, content_cache_bytes=cache_bytes)
+        s._time_ns = lambda: time.time_ns() + LATER
+        p = put(root, "d/f", b"inside")
+        assert s.read("d/f")[1] == b"inside"
+        assert len(s._content) == (1 if cache_bytes else 0)
+        if swap == "dir":
+            p.unlink()
+            p.mkdir()
+        elif swap == "file-symlink":
+            p.unlink()
+            os.symlink(outside / "f", p)
+        elif swap == "dir-symlink":
+            shutil.rmtree(root / "d")
+            os.symlink(outside, root / "d")
+        else:
+            p.unlink()
+            os.mkfifo(p)
+        with pytest.raises(FscacheError) as info:
+            s.read("d/f")
+        results.append(type(info.value).__name__)
+        assert s.content_hits == 0 and s._content == {}
+    assert results[0] == results[1]
+    assert (
+        results[0]
+        == {
+            "dir": "IsADirectory",
+            "file-symlink": "BadPath",
+            "dir-symlink": "BadPath",
+            "fifo": "FscacheError",
+        }[swap]
+    )
+
+
+def test_cache_never_holds_a_path_through_a_symlink(cstore: Store, root: Path) -> None:
+    put(root, "real/f", b"data")
+    os.symlink(root / "real", root / "alias")
+    os.symlink(root / "real" / "f", root / "falias")
+    for _ in range(2):
+        assert cstore.read("alias/f")[1] == b"data"
+        assert cstore.read("falias")[1] == b"data"
+    assert cstore.content_hits == 0 and cstore._content == {}
+
+
+def test_a_freshly_changed_file_is_not_cached(root: Path, opens: list[str]) -> None:
+    s = Store(root, max_file_size=MAX)  # the real clock: the file's ctime is "now"
+    s.write("f", b"fresh")
+    for _ in range(2):
+        assert s.read("f")[1] == b"fresh"
+    assert s.content_hits == 0 and s._content == {}
+
+    ctime = os.stat(root / "f").st_ctime_ns
+    s._time_ns = lambda: ctime + store_mod._RACY_NS - 1  # one ns inside the window
+    s.read("f")
+    assert s._content == {}
+    s._time_ns = lambda: ctime + store_mod._RACY_NS  # just old enough
+    s.read("f")
+    assert list(s._content) == ["f"]
+    opened = len(opens)
+    assert s.read("f")[1] == b"fresh"
+    assert len(opens) == opened and s.content_hits == 1
+
+
+def test_a_file_edited_while_being_read_is_not_cached(
+    cstore: Store, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = put(root, "f", b"one")
+    before = os.stat(p)
+    real_read = os.read
+
+    def read_then_edit(fd: int, n: int) -> bytes:
+        data = real_read(fd, n)
+        with open(p, "r+b") as fh:  # in place, same size, mtime put back
+            fh.write(b"two")
+        os.utime(p, ns=(before.st_atime_ns, before.st_mtime_ns))
+        return data
+
+    monkeypatch.setattr(os, "read", read_then_edit)
+    assert cstore.read("f")[1] == b"one"
+    monkeypatch.undo()
+    if os.stat(p).st_ctime_ns == before.st_ctime_ns:
+        pytest.skip(
+            "this file system's ctime is too coarse to see the edit (and the clock is faked)"
+        )
+    assert cstore._content == {}
+    assert cstore.read("f")[1] == b"two"
+
+
+def test_cache_tells_apart_files_that_differ_only_in_inode(cstore: Store, root: Path) -> None:
+    """Two files with equal size, mtime and ctime: a directory swap must still miss."""
+    for _ in range(100):
+        shutil.rmtree(root / "d", ignore_errors=True)
+        shutil.rmtree(root / "e", ignore_errors=True)
+        a, b = put(root, "d/f", b"AAAA"), put(root, "e/f", b"BBBB")
+        os.utime(a, ns=(0, 10**12))
+        os.utime(b, ns=(0, 10**12))
+        if os.stat(a).st_ctime_ns == os.stat(b).st_ctime_ns:
+            break
+    else:
+        pytest.skip("could not make two files with the same ctime")
+    assert cstore.read("d/f")[1] == b"AAAA"
+    os.rename(root / "d", root / "old")  # renaming a directory leaves its files' ctimes
+    os.rename(root / "e", root / "d")
+    assert cstore.read("d/f")[1] == b"BBBB"
+    assert cstore.content_hits == 0
+
+
+def test_cache_stays_within_its_byte_budget(root: Path, opens: list[str]) -> None:
+    cost = 100 + store_mod._CACHE_ENTRY_OVERHEAD
+    s = Store(root, max_file_size=MAX, content_cache_bytes=3 * cost)
+    s._time_ns = lambda: time.time_ns() + LATER
+    for name in "abcd":
+        put(root, name, name.encode() * 100)
+    put(root, "big", b"x" * (3 * cost))  # larger than the whole budget: never cached
+    for name in ("a", "b", "c", "d", "big"):
+        s.read(name)
+        assert s._content_bytes <= 3 * cost
+    assert list(s._content) == ["b", "c", "d"]  # "a", the oldest, went
+    assert s._content_bytes == 3 * cost
+    opened = len(opens)
+    assert s.read("c")[1] == b"c" * 100 and len(opens) == opened  # a hit keeps its place
+    assert s.read("a")[1] == b"a" * 100 and len(opens) == opened + 1  # a miss
+    assert list(s._content) == ["c", "d", "a"]
+    assert s._content_bytes == 3 * cost
+
+
+def test_own_write_and_delete_drop_the_entry(cstore: Store, root: Path) -> None:
+    put(root, "real/f", b"v1")
+    put(root, "g", b"g")
+    os.symlink(root / "real", root / "alias")
+    cstore.read("real/f")
+    cstore.read("g")
+    assert set(cstore._content) == {"real/f", "g"}
+    version = cstore.write("alias/f", b"v2")  # through an alias: the real entry goes too
+    assert set(cstore._content) == {"g"}
+    assert cstore.read("real/f") == (version, b"v2")
+    cstore.delete("g")
+    assert "g" not in cstore._content
+    with pytest.raises(NotFound):
+        cstore.read("g")
+
+
+def test_content_cache_bytes_zero_never_caches(root: Path, opens: list[str]) -> None:
+    s = Store(root, max_file_size=MAX, content_cache_bytes=0)
+    s._time_ns = lambda: time.time_ns() + LATER
+    put(root, "f", b"")
+    put(root, "g", b"data")
+    for _ in range(3):
+        assert s.read("f")[1] == b"" and s.read("g")[1] == b"data"
+    assert len(opens) == 6 and s.content_hits == 0 and s._content == {}
+    with pytest.raises(FscacheError):
+        Store(root, max_file_size=MAX, content_cache_bytes=-1)
