@@ -11,12 +11,21 @@ directory is meant (``allow_root=True``).
 from __future__ import annotations
 
 import functools
+import re
 
 from fscache.errors import BadPath
 
 MAX_PATH_BYTES = 1024  # whole path, UTF-8
 MAX_SEGMENT_BYTES = 255  # one name, as most file systems allow
 RESERVED_PREFIX = ".fscache"  # the store's own files (temp files) live under this name
+
+
+# A path already in normal form, in printable ASCII: the common case, checked in one
+# regex match. Every segment is 1..255 characters other than '/' and '\\', is not
+# '.' or '..' and does not start with the reserved prefix. Anything else (and any
+# path over MAX_PATH_BYTES) takes the rule-by-rule way below.
+_SEGMENT = r"(?!\.\.?(?:/|\Z)|" + re.escape(RESERVED_PREFIX) + r")[ -.0-\[\]-~]{1,255}"
+_ALREADY_NORMAL = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*")
 
 
 def normalize(path: object, *, allow_root: bool = False) -> str:
@@ -30,6 +39,12 @@ def normalize(path: object, *, allow_root: bool = False) -> str:
 
 @functools.lru_cache(maxsize=4096)  # servers see the same paths again and again
 def _normalize(path: str, allow_root: bool) -> str:
+    if len(path) <= MAX_PATH_BYTES and _ALREADY_NORMAL.fullmatch(path):
+        return path
+    return _normalize_by_rules(path, allow_root)
+
+
+def _normalize_by_rules(path: str, allow_root: bool) -> str:
     if "\x00" in path:
         raise BadPath("path contains a NUL byte")
     if path.startswith("/"):

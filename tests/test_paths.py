@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fscache import paths
 from fscache.errors import BadPath
 from fscache.paths import MAX_PATH_BYTES, MAX_SEGMENT_BYTES, normalize
 
@@ -133,3 +134,15 @@ def test_normalize_raises_nothing_but_bad_path_and_its_output_is_a_normal_form(
     assert "//" not in normal
     assert ".." not in normal.split("/")
     assert "." not in normal.split("/")
+
+
+@given(path=PATHLIKE | st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=40))
+def test_the_fast_check_for_normal_paths_agrees_with_the_rules(path: str) -> None:
+    """A path the one-regex check accepts is one the rules return unchanged."""
+    if paths._ALREADY_NORMAL.fullmatch(path):
+        assert paths._normalize_by_rules(path, False) == path
+
+
+@pytest.mark.parametrize("path", ["a/.fscache-x", ".", "..", "a/../b", "a/./b", "a/", "x\\y"])
+def test_the_fast_check_leaves_every_abnormal_path_to_the_rules(path: str) -> None:
+    assert not paths._ALREADY_NORMAL.fullmatch(path)
