@@ -203,13 +203,13 @@ class LeaseTable:
     # ------------------------------------------------------------ queries
     def next_deadline(self) -> float | None:
         """When :meth:`tick` next has something to do, or None."""
-        deadlines = [
-            min(op.waiting_on.values()) if op.waiting_on else self.hold_writes_until
-            for op in self._started.values()
-        ]
-        if self._purge_heap:
-            deadlines.append(self._purge_heap[0][0] + PURGE_GRANULARITY)
-        return min(deadlines) if deadlines else None
+        heap = self._purge_heap
+        deadline = heap[0][0] + PURGE_GRANULARITY if heap else None
+        for op in self._started.values():  # usually none: this runs after every event
+            due = min(op.waiting_on.values()) if op.waiting_on else self.hold_writes_until
+            if deadline is None or due < deadline:
+                deadline = due
+        return deadline
 
     def holders(self, path: str, now: float) -> dict[HolderId, float]:
         """Live holders of ``path`` and their expiry (server clock)."""

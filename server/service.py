@@ -57,6 +57,7 @@ from fscache.leases import (
 )
 from fscache.paths import normalize
 from fscache.server.store import Store
+from fscache.wire import Wire, wire_for
 
 log = logging.getLogger("fscache.server")
 
@@ -65,7 +66,6 @@ BlockingIO = Callable[..., Awaitable[Any]]
 HANDSHAKE_TIMEOUT = 10.0  # a peer that connects and says nothing is dropped after this
 DEFAULT_MAX_OUTBOX = 32 * 1024 * 1024  # unsent bytes per connection before it is dropped
 DEFAULT_SEND_TIMEOUT = 30.0  # a send not done by then: the peer stopped reading; drop it
-RECEIVE_SIZE = 256 * 1024
 STATE_DIR = ".fscache"  # reserved name: clients cannot reach it
 INCARNATION_FILE = "incarnation.json"
 CLEAN_FILE = "clean-shutdown"
@@ -161,8 +161,8 @@ class Outbox:
     Only one send is ever under way, so frames leave in the order they were queued.
     """
 
-    def __init__(self, stream: trio.abc.SendStream, limit: int) -> None:
-        self.stream = stream
+    def __init__(self, wire: Wire, limit: int) -> None:
+        self.wire = wire
         self.limit = limit
         self.send_started: float | None = None  # when the send under way began
         self._frames: deque[bytes] = deque()
@@ -185,11 +185,12 @@ class Outbox:
     async def _send_queued(self) -> None:
         self._sending = True
         try:
-            data = b"".join(self._frames)
-            self._frames.clear()
+            frames = self._frames
+            data = frames.popleft() if len(frames) == 1 else b"".join(frames)
+            frames.clear()
             self.nbytes = 0
             self.send_started = trio.current_time()
-            await self.stream.send_all(data)
+            await self.wire.send_all(data)
         finally:
             self._sending = False
             self.send_started = None
@@ -344,25 +345,26 @@ class FileService:
         peer = _peer_name(stream)
         self.counters["connections_total"] += 1
         decoder = p.FrameDecoder(self.settings.max_frame)
+        wire = wire_for(stream)
         try:
-            async with stream:
-                hello = await self._handshake(stream, decoder, peer)
+            try:
+                hello = await self._handshake(wire, decoder, peer)
                 if hello is None:
                     return
-                await self._serve_client(stream, decoder, hello, peer)
+                await self._serve_client(wire, decoder, hello, peer)
+            finally:
+                await wire.aclose()
         # except*: _serve_client's nursery wraps a reset connection in an ExceptionGroup
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as lost:
             log.debug("%s: connection lost: %s", peer, lost.exceptions[0])
         except* Exception:  # a bug must cost one connection, never the server
             log.exception("%s: internal error; connection closed", peer)
 
-    async def _handshake(
-        self, stream: trio.abc.Stream, decoder: p.FrameDecoder, peer: str
-    ) -> p.Hello | None:
+    async def _handshake(self, wire: Wire, decoder: p.FrameDecoder, peer: str) -> p.Hello | None:
         with trio.move_on_after(HANDSHAKE_TIMEOUT):
             try:
                 while (message := decoder.next_message()) is None:
-                    data = await stream.receive_some(RECEIVE_SIZE)
+                    data = await wire.receive()
                     if not data:
                         return None
                     decoder.feed(data)
@@ -377,7 +379,7 @@ class FileService:
                     raise ProtocolError("client_id must be 1..256 characters")
             except FscacheError as exc:
                 self.counters["protocol_errors"] += 1
-                await _send_quietly(stream, p.Error(id=None, code=exc.code, message=str(exc)))
+                await _send_quietly(wire, p.Error(id=None, code=exc.code, message=str(exc)))
                 return None
             welcome = p.Welcome(
                 version=p.PROTOCOL_VERSION,
@@ -386,17 +388,17 @@ class FileService:
                 skew=self.settings.skew,
                 max_frame=self.settings.max_frame,
             )
-            await stream.send_all(p.encode(welcome))
+            await wire.send_all(p.encode(welcome))
             return message
         log.info("%s: no hello within %s s; closed", peer, HANDSHAKE_TIMEOUT)
         return None
 
     async def _serve_client(
-        self, stream: trio.abc.Stream, decoder: p.FrameDecoder, hello: p.Hello, peer: str
+        self, wire: Wire, decoder: p.FrameDecoder, hello: p.Hello, peer: str
     ) -> None:
         holder = HolderId(hello.client_id)
         with trio.CancelScope() as cancel:
-            outbox = Outbox(stream, self.settings.max_outbox)
+            outbox = Outbox(wire, self.settings.max_outbox)
             connection = Connection(holder, outbox, cancel, peer, self.counters)
             previous = self.connections.get(holder)
             if previous is not None:  # the same client reconnected: the old link is dead
@@ -410,7 +412,7 @@ class FileService:
                     nursery.start_soon(self._send_loop, outbox, cancel)
                     watchdog = trio.CancelScope()
                     nursery.start_soon(self._watch_sends, connection, watchdog)
-                    await self._receive_loop(stream, decoder, connection)
+                    await self._receive_loop(wire, decoder, connection)
                     outbox.close()  # flush what is queued, then the sender ends
                     watchdog.cancel()
             finally:
@@ -453,13 +455,13 @@ class FileService:
             cancel.cancel()
 
     async def _receive_loop(
-        self, stream: trio.abc.Stream, decoder: p.FrameDecoder, connection: Connection
+        self, wire: Wire, decoder: p.FrameDecoder, connection: Connection
     ) -> None:
         outbox = connection.outbox
         received_with_hello = True  # frames may have come in the hello's packet
         while not connection.goodbye:
             if not received_with_hello:
-                data = await stream.receive_some(RECEIVE_SIZE)
+                data = await wire.receive()
                 if not data:
                     return
                 decoder.feed(data)
@@ -503,8 +505,16 @@ class FileService:
     def _on_read(self, connection: Connection, message: p.Read) -> None:
         self.counters["reads"] += 1
         path = normalize(message.path)
-        op = self._new_op(connection, message)
-        self._execute(self.table.read(op, connection.holder, path, self.clock()))
+        self._next_op += 1
+        op = OpId(self._next_op)
+        effects = self.table.read(op, connection.holder, path, self.clock())
+        if effects:  # granted at once, the common case: [Grant(op)]
+            [grant] = effects
+            assert isinstance(grant, Grant)
+            self._serve_read(grant, connection, message)
+        else:  # queued behind a write: served by _execute when granted
+            self._pending[op] = _Pending(connection, message)
+        self._deadline_may_have_moved()
 
     def _on_write(self, connection: Connection, message: p.Write | p.Delete) -> None:
         self.counters["writes" if isinstance(message, p.Write) else "deletes"] += 1
@@ -582,7 +592,9 @@ class FileService:
     def _execute(self, effects: list[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, Grant):
-                self._serve_read(effect)
+                pending = self._pending.pop(effect.op)
+                assert isinstance(pending.request, p.Read)
+                self._serve_read(effect, pending.connection, pending.request)
             elif isinstance(effect, SendApprovalRequest):
                 connection = self.connections.get(effect.holder)
                 if connection is not None:
@@ -604,25 +616,20 @@ class FileService:
                 self._pending.pop(effect.op, None)
         self._deadline_may_have_moved()  # even with no effects: a write may now wait
 
-    def _serve_read(self, grant: Grant) -> None:
-        pending = self._pending.pop(grant.op)
-        request = pending.request
-        assert isinstance(request, p.Read)
+    def _serve_read(self, grant: Grant, connection: Connection, request: p.Read) -> None:
         try:
             version, data = self.store.read(grant.path)
         except FscacheError as exc:
             self.counters["errors"] += 1
-            pending.connection.send(p.Error(id=request.id, code=exc.code, message=str(exc)))
+            connection.send(p.Error(id=request.id, code=exc.code, message=str(exc)))
             if grant.term > 0:  # no file, no lease
                 self._execute(self.table.relinquish(grant.holder, [grant.path], self.clock()))
             return
         if request.have == version:
             self.counters["reads_not_modified"] += 1
-            pending.connection.send(p.NotModified(id=request.id, version=version, term=grant.term))
+            connection.send(p.NotModified(id=request.id, version=version, term=grant.term))
         else:
-            pending.connection.send(
-                p.Data(id=request.id, version=version, term=grant.term, data=data)
-            )
+            connection.send(p.Data(id=request.id, version=version, term=grant.term, data=data))
 
     async def _apply_write(self, effect: ApplyWrite) -> None:
         pending = self._pending[effect.op]
@@ -689,9 +696,9 @@ def _peer_name(stream: trio.abc.Stream) -> str:
         return "peer"
 
 
-async def _send_quietly(stream: trio.abc.Stream, message: p.Message) -> None:
+async def _send_quietly(wire: Wire, message: p.Message) -> None:
     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        await stream.send_all(p.encode(message))
+        await wire.send_all(p.encode(message))
 
 
 async def serve(

@@ -1,0 +1,130 @@
+"""The byte transport under both ends of a connection: a trio stream, or for plain TCP
+the socket's descriptor driven directly.
+
+Why not just ``trio.SocketStream``: its ``send_all`` and ``receive_some`` pass through
+the scheduler once more after every successful system call (trio's "checkpoint
+sandwich"). On a request/reply connection that is one extra pass per message at
+each end, on the critical path of every round trip. :class:`SocketWire` instead
+writes with one non-blocking ``write`` (waiting for writability only when the
+kernel's buffer is full) and reads after ``trio.lowlevel.wait_readable`` -- one
+pass per message, which is also the checkpoint. TLS and in-memory streams (tests)
+go through :class:`StreamWire`, which is the plain trio stream.
+
+A wire is *interruptible* when a task waiting in :meth:`receive` may be cancelled
+without losing bytes (nothing is consumed until the wait is over); the client uses
+that to let the task that waits for a reply read it itself (see ``fscache.client``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+import trio
+
+RECEIVE_SIZE = 64 * 1024  # per read; a bigger frame simply takes several reads
+
+
+class Wire(Protocol):
+    interruptible: bool
+
+    async def receive(self) -> bytes | bytearray | memoryview:
+        """The next bytes received (valid until the next call), or empty at EOF."""
+        ...
+
+    async def send_all(self, data: bytes) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class StreamWire:
+    """Any trio stream (TLS, memory streams in tests)."""
+
+    interruptible = False
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+
+    async def receive(self) -> bytes | bytearray:
+        return await self.stream.receive_some(RECEIVE_SIZE)
+
+    async def send_all(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def aclose(self) -> None:
+        await trio.aclose_forcefully(self.stream)
+
+
+class SocketWire:
+    """A connected TCP socket, read and written on its descriptor.
+
+    Only this object may close the socket (:meth:`aclose`): once it is closed no
+    read or write touches the descriptor number again, which the kernel may by then
+    have given to another file. Errors come out as trio's stream errors."""
+
+    interruptible = True
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.fd = stream.socket.fileno()
+        self.closed = False
+        self._buffer = bytearray(RECEIVE_SIZE)
+        self._view = memoryview(self._buffer)
+
+    async def receive(self) -> memoryview:
+        while True:
+            await trio.lowlevel.wait_readable(self.fd)
+            data = self.read_now()
+            if data is not None:
+                return data
+
+    async def wait_readable(self) -> None:
+        """Until bytes (or EOF) can be read; reads nothing, so it may be cancelled."""
+        await trio.lowlevel.wait_readable(self.fd)
+
+    def read_now(self) -> memoryview | None:
+        """What the kernel has now (empty at EOF), or None if nothing has come."""
+        if self.closed:
+            raise trio.ClosedResourceError("connection was closed")
+        try:
+            count = os.readv(self.fd, (self._buffer,))
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
+        return self._view[:count]
+
+    async def send_all(self, data: bytes) -> None:
+        if self.closed:
+            raise trio.ClosedResourceError("connection was closed")
+        try:
+            sent = os.write(self.fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"send failed: {exc}") from exc
+        if sent == len(data):
+            return
+        view = memoryview(data)
+        while sent < len(data):
+            await trio.lowlevel.wait_writable(self.fd)
+            if self.closed:
+                raise trio.ClosedResourceError("connection was closed")
+            try:
+                sent += os.write(self.fd, view[sent:])
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"send failed: {exc}") from exc
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await trio.aclose_forcefully(self.stream)
+
+
+def wire_for(stream: trio.abc.Stream) -> Wire:
+    """The fastest wire for ``stream``: :class:`SocketWire` for a plain TCP stream."""
+    if type(stream) is trio.SocketStream:
+        return SocketWire(stream)
+    return StreamWire(stream)
