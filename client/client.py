@@ -3,10 +3,19 @@
 Theory of operation
 -------------------
 All requests share one connection; each carries an id and waits for the reply
-with that id. One reader task handles every frame from the server *in order*
-and applies its effect on the cache before waking the requester: a reply's data
-is cached, then a later approval request drops it again, never the reverse. On
-an approval request the entry is dropped first, then the approval is sent.
+with that id. Every frame from the server is handled *in order*, and its effect
+on the cache is applied as it is read, before anyone is woken: a reply's data is
+cached, then a later approval request drops it again, never the reverse. On an
+approval request the entry is dropped first, then the approval is sent.
+
+Who reads the socket: whichever task needs bytes next (see :meth:`Client._await_reply`).
+A request's own task reads while it waits for its reply, so the reply is handled
+and returned in one pass of the scheduler, with no hand-off between tasks; other
+requests' tasks wait as followers and one of them takes over the reading when the
+reader leaves. While no request waits, an idle reader task reads, so approval
+requests pushed by the server are answered at once; a request that arrives then
+interrupts it (possible only on a wire whose receive may be cancelled without
+losing bytes: plain TCP; over TLS the idle reader reads everything).
 
 A read that finds a trusted entry returns it without touching the socket (see
 :meth:`Client.read`: a dict lookup and a clock comparison). Otherwise concurrent
@@ -44,6 +53,7 @@ from fscache.errors import (
 )
 from fscache.paths import normalize
 from fscache.tls import is_auth_failure
+from fscache.wire import SocketWire, Wire, wire_for
 
 log = logging.getLogger("fscache.client")
 
@@ -68,7 +78,7 @@ class StatResult:
     is_dir: bool
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class _Request:
     """One request waiting for its reply."""
 
@@ -79,31 +89,57 @@ class _Request:
     id: int = 0
     reply: p.Message | None = None
     error: BaseException | None = None
-    done: trio.Event = dataclasses.field(default_factory=trio.Event)
+    finished: bool = False
+    following: bool = False  # its task waits for another task to read its reply
+    wake: trio.Event | None = None  # set when finished, or when it should read itself
+    done: trio.Event | None = None  # for the readers sharing this request's answer
+
+    def finish(self) -> None:
+        self.finished = True
+        if self.wake is not None:
+            self.wake.set()
+        if self.done is not None:
+            self.done.set()
+
+    async def wait_done(self) -> None:
+        if not self.finished:
+            if self.done is None:
+                self.done = trio.Event()
+            await self.done.wait()
+
+
+_IDLE = object()  # the idle reader's token as link.reader
 
 
 class _Link:
-    """One live connection: its stream, its waiting requests."""
+    """One live connection: its wire, its waiting requests, who reads it."""
 
-    def __init__(self, stream: trio.abc.Stream, welcome: p.Welcome, cancel: trio.CancelScope):
-        self.stream = stream
+    def __init__(
+        self, wire: Wire, decoder: p.FrameDecoder, welcome: p.Welcome, cancel: trio.CancelScope
+    ) -> None:
+        self.wire = wire
+        self.decoder = decoder
         self.welcome = welcome
         self.cancel = cancel
         self.waiting: dict[int, _Request] = {}
         self._sending = False  # one send_all at a time; waiters park in FIFO order
         self._send_turn = trio.lowlevel.ParkingLot()
+        self.reader: object | None = None  # a _Request, _IDLE, or None: nobody reads
+        self.reader_scope: trio.CancelScope | None = None  # interrupts the idle reader's wait
+        self.idle_wake = trio.Event()
         self.last_heard = 0.0
         self.broken = False
 
     async def send(self, message: p.Message) -> None:
-        """Send one frame. Uncontended, this yields only inside send_all (a lock's
-        acquire would add a pass through the scheduler to every request)."""
+        """Send one frame. Uncontended, this does not yield at all on plain TCP (the
+        wait for the reply is the request's checkpoint) and only inside send_all
+        otherwise (a lock's acquire would add a pass through the scheduler)."""
         frame = p.encode(message)
         while self._sending:
             await self._send_turn.park()
         self._sending = True
         try:
-            await self.stream.send_all(frame)
+            await self.wire.send_all(frame)
         finally:
             self._sending = False
             self._send_turn.unpark()
@@ -305,7 +341,7 @@ class Client:
         shared = self._inflight.get(path)
         if shared is not None:
             self._counters["reads_shared"] += 1
-            await shared.done.wait()
+            await shared.wait_done()
             if shared.error is None or isinstance(shared.error, FscacheError):
                 return self._read_result(shared)
             return await self._read_miss(path)  # its sender was cancelled: ask ourselves
@@ -319,8 +355,9 @@ class Client:
             link = await self._current_link()
             await self._send_request(link, request, lambda i: p.Read(id=i, path=path, have=have))
         except BaseException as exc:
-            request.error = exc
-            request.done.set()
+            if not request.finished:
+                request.error = exc
+                request.finish()
             raise
         finally:
             if self._inflight.get(path) is request:
@@ -370,11 +407,109 @@ class Client:
             self._link_lost(link)
             raise self._unavailable("connection lost while sending") from exc
         try:
-            await request.done.wait()
+            await self._await_reply(link, request)
         finally:
             link.waiting.pop(request_id, None)
         if request.error is not None:
             raise _copy_error(request.error)
+
+    # ------------------------------------------------------------ reading
+    async def _await_reply(self, link: _Link, request: _Request) -> None:
+        """Wait for ``request``'s reply, reading the socket ourselves when nobody else
+        is; on leaving, hand the reading on to a follower or the idle reader."""
+        reads_itself = link.wire.interruptible  # else only the idle reader reads
+        try:
+            while not request.finished:
+                reader = link.reader
+                if reader is None and reads_itself:
+                    await self._receive_once(link, request)
+                elif reader is _IDLE and link.reader_scope is not None:
+                    self._interrupt_reader(link)  # we read from now on
+                else:
+                    request.wake = trio.Event()
+                    request.following = True
+                    try:
+                        await request.wake.wait()
+                    finally:
+                        request.following = False
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, FscacheError) as exc:
+            log.debug("connection to %s lost: %s", self.address, exc)
+            self._link_lost(link)
+        finally:
+            if link.reader is None and not link.broken:
+                self._hand_off(link)
+
+    async def _receive_once(self, link: _Link, owner: object) -> None:
+        """Read once as ``owner`` and apply every whole frame that came."""
+        link.reader = owner
+        try:
+            data = await link.wire.receive()
+        finally:
+            if link.reader is owner:
+                link.reader = None
+        if not data:
+            raise trio.BrokenResourceError("the server closed the connection")
+        self._on_bytes(link, data)
+
+    def _on_bytes(self, link: _Link, data: bytes | bytearray | memoryview) -> None:
+        decoder = link.decoder
+        decoder.feed(data)
+        for message in decoder:
+            self._on_message(link, message)
+
+    async def _idle_wait(self, link: _Link, wire: SocketWire) -> None:
+        """The idle reader's turn on an interruptible wire: wait for bytes where a
+        request may take the socket over (:meth:`_interrupt_reader`); read only if
+        none did."""
+        link.reader = _IDLE
+        try:
+            with trio.CancelScope() as scope:
+                link.reader_scope = scope
+                await wire.wait_readable()
+        finally:
+            if link.reader is _IDLE:
+                link.reader = None
+                link.reader_scope = None
+        if scope.cancel_called:  # even if the wait had already ended: not ours to read
+            return
+        data = wire.read_now()
+        if data is None:
+            return
+        if not data:
+            raise trio.BrokenResourceError("the server closed the connection")
+        self._on_bytes(link, data)
+
+    def _interrupt_reader(self, link: _Link) -> None:
+        """Stop the idle reader's wait (it reads nothing after it): the role is free."""
+        scope = link.reader_scope
+        link.reader = None
+        link.reader_scope = None
+        if scope is not None:
+            scope.cancel()
+
+    def _hand_off(self, link: _Link) -> None:
+        """Nobody reads: wake the oldest follower to read, else the idle reader."""
+        for request in link.waiting.values():
+            if request.following and request.wake is not None:
+                request.wake.set()
+                return
+        link.idle_wake.set()
+
+    async def _idle_reader(self, link: _Link) -> None:
+        """Read while no request's task does; returns when the server closes."""
+        while True:
+            if link.reader is not None:
+                await link.idle_wake.wait()
+                link.idle_wake = trio.Event()
+                continue
+            wire = link.wire
+            try:
+                if isinstance(wire, SocketWire):
+                    await self._idle_wait(link, wire)
+                else:
+                    await self._receive_once(link, _IDLE)
+            except trio.BrokenResourceError:
+                return
 
     # ------------------------------------------------------------ the reader
     def _on_message(self, link: _Link, message: p.Message) -> None:
@@ -396,7 +531,7 @@ class Client:
             else:
                 request.reply = message
                 self._apply_reply(request, message)
-            request.done.set()
+            request.finish()
         if not link.waiting:
             self._relinquished.clear()  # every later request is newer than these
 
@@ -503,8 +638,9 @@ class Client:
     async def _serve_link(
         self, stream: trio.abc.Stream, welcome: p.Welcome, decoder: p.FrameDecoder
     ) -> None:
+        wire = wire_for(stream)
         with trio.CancelScope() as cancel:
-            link = _Link(stream, welcome, cancel)
+            link = _Link(wire, decoder, welcome, cancel)
             link.last_heard = self._clock()
             if self._skew_override is None:
                 self._cache.skew = welcome.skew
@@ -516,15 +652,9 @@ class Client:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._watchdog, link)
                     nursery.start_soon(self._relinquisher, link)
-                    for message in decoder:
+                    for message in decoder:  # frames that came with the welcome
                         self._on_message(link, message)
-                    while True:
-                        data = await stream.receive_some(256 * 1024)
-                        if not data:
-                            break
-                        decoder.feed(data)
-                        for message in decoder:
-                            self._on_message(link, message)
+                    await self._idle_reader(link)
                     cancel.cancel()
             # except*: whether the reader's error arrives bare or grouped by the nursery
             except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as lost:
@@ -533,7 +663,7 @@ class Client:
                 log.warning("connection to %s closed: %s", self.address, refused.exceptions[0])
             finally:
                 self._link_lost(link)
-                await trio.aclose_forcefully(stream)
+                await wire.aclose()
 
     async def _watchdog(self, link: _Link) -> None:
         """Ping while requests wait in silence; give the link up after DEAD_AFTER."""
@@ -573,13 +703,13 @@ class Client:
         if link.broken:
             return
         link.broken = True
-        link.cancel.cancel()
+        link.cancel.cancel()  # the link's task closes the wire: a reader's wait ends
         if self._link is link:
             self._link = None
         for request in list(link.waiting.values()):
-            if not request.done.is_set():
+            if not request.finished:
                 request.error = self._unavailable("connection lost before the reply")
-                request.done.set()
+                request.finish()
         link.waiting.clear()
 
     async def _current_link(self) -> _Link:
