@@ -120,7 +120,9 @@ import errno
 import os
 import secrets
 import stat as stat_mod
+import sys
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -136,6 +138,9 @@ TEMP_PREFIX = RESERVED_PREFIX + "-tmp-"
 
 # Where the kernel names each open descriptor's file (Linux); None: resolve paths instead.
 _PROC_FD = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else None
+_SYS_OPENAT2 = 437  # the same number on every Linux architecture
+_RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK: FIFOs
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY
@@ -216,6 +221,7 @@ class Store:
             _CACHE_ENTRY_MAX, max_file_size, content_cache_bytes - _CACHE_ENTRY_OVERHEAD
         )
         self._time_ns: Callable[[], int] = time_ns  # the wall clock (a seam for tests)
+        self._openat2: Callable[[str], int] | None = _beneath_opener(real)
         self.recover()
 
     # ------------------------------------------------------------------ public
@@ -421,25 +427,35 @@ class Store:
         """An open descriptor for ``path``, known to lie under the root, and whether
         it is known to be ``root/path`` itself (no symlink on the way: cacheable).
 
-        The hot path: open ``root/path`` directly and ask the kernel where the
-        descriptor landed (``/proc/self/fd``); that is one syscall instead of an
-        ``lstat`` per component, and free of check-then-open races. Only a path
+        The hot path is one ``openat2`` that the kernel itself confines to the root
+        with no symlink on the way (Linux 5.6+); else ``root/path`` is opened
+        directly and the kernel asked where the descriptor landed
+        (``/proc/self/fd``). Either is free of check-then-open races. Only a path
         that crosses a symlink takes the slow, resolving way."""
-        if _PROC_FD is not None and _plainly_relative(path):
-            expected = self._prefix + path
-            try:
-                fd = os.open(expected, _READ_FLAGS)
-            except OSError as exc:
-                if exc.errno != errno.ELOOP:  # ELOOP: the last component is a symlink
-                    raise _translate(exc, "read", path) from None
-            else:
+        if _plainly_relative(path):
+            if self._openat2 is not None:
                 try:
-                    landed = os.readlink(f"{_PROC_FD}/{fd}")
-                except OSError:
-                    landed = None
-                if landed == expected:
-                    return fd, True
-                os.close(fd)  # a symlink on the way: judge it by the slow path
+                    return self._openat2(path), True
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.EXDEV, errno.ENOSYS, errno.EPERM):
+                        raise _translate(exc, "read", path) from None
+                    if exc.errno in (errno.ENOSYS, errno.EPERM):  # not here: never again
+                        self._openat2 = None
+            elif _PROC_FD is not None:
+                expected = self._prefix + path
+                try:
+                    fd = os.open(expected, _READ_FLAGS)
+                except OSError as exc:
+                    if exc.errno != errno.ELOOP:  # ELOOP: the last component is a symlink
+                        raise _translate(exc, "read", path) from None
+                else:
+                    try:
+                        landed = os.readlink(f"{_PROC_FD}/{fd}")
+                    except OSError:
+                        landed = None
+                    if landed == expected:
+                        return fd, True
+                    os.close(fd)  # a symlink on the way: judge it by the slow path
         full = self._resolve(path)
         try:
             return os.open(full, _READ_FLAGS), full == self._prefix + path
@@ -564,6 +580,42 @@ class Store:
 
 
 # --------------------------------------------------------------------- functions
+
+
+def _beneath_opener(root: str) -> Callable[[str], int] | None:
+    """``open(path)`` for paths relative to ``root`` through Linux's ``openat2`` with
+    ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``: the kernel refuses (EXDEV, ELOOP) any
+    resolution that leaves ``root`` or meets a symlink. None where ``openat2`` is
+    not available (not Linux, no libc to call it through)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        syscall = libc.syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+
+    class OpenHow(ctypes.Structure):  # struct open_how (linux/openat2.h)
+        _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                    ("resolve", ctypes.c_uint64))  # fmt: skip
+
+    how = OpenHow(_READ_FLAGS, 0, _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS)
+    how_ref, how_size = ctypes.byref(how), ctypes.sizeof(how)
+    root_fd = os.open(root, _DIR_FLAGS)  # held for the store's life, like its root
+    get_errno = ctypes.get_errno
+
+    def openat2(path: str) -> int:
+        fd: int = syscall(_SYS_OPENAT2, root_fd, path.encode(), how_ref, how_size)
+        if fd < 0:
+            code = get_errno()
+            raise OSError(code, os.strerror(code), path)
+        return fd
+
+    weakref.finalize(openat2, os.close, root_fd)
+    return openat2
 
 
 def _plainly_relative(path: str) -> bool:

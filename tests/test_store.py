@@ -474,8 +474,9 @@ LATER = 10 * 10**9  # the injected wall clock runs this far ahead: files look ol
 
 
 @pytest.fixture
-def cstore(root: Path) -> Store:
-    """A store whose wall clock runs ahead, so every file is past the racy window."""
+def cstore(root: Path, opens: list[str]) -> Store:
+    """A store whose wall clock runs ahead, so every file is past the racy window
+    (made after ``opens`` starts counting, so its reads are counted too)."""
     s = Store(root, max_file_size=MAX)
     s._time_ns = lambda: time.time_ns() + LATER
     return s
@@ -492,6 +493,22 @@ def opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", counting_open)
+    real_beneath = store_mod._beneath_opener
+
+    def counting_beneath(root: str) -> Callable[[str], int] | None:
+        before = len(seen)
+        inner = real_beneath(root)
+        del seen[before:]  # the root's own descriptor, opened once per store
+        if inner is None:
+            return None
+
+        def counting_openat2(path: str) -> int:
+            seen.append(path)
+            return inner(path)
+
+        return counting_openat2
+
+    monkeypatch.setattr(store_mod, "_beneath_opener", counting_beneath)
     return seen
 
 
@@ -718,3 +735,28 @@ def test_content_cache_bytes_zero_never_caches(root: Path, opens: list[str]) -> 
     assert len(opens) == 6 and s.content_hits == 0 and s._content == {}
     with pytest.raises(FscacheError):
         Store(root, max_file_size=MAX, content_cache_bytes=-1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="openat2 is Linux's")
+def test_reads_are_confined_to_the_root_by_the_kernel_where_openat2_exists(
+    root: Path, tmp_path: Path
+) -> None:
+    """openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) refuses what leaves the root or
+    meets a symlink; the store then judges the path the slow way (an alias inside
+    the root reads, an escape is a BadPath)."""
+    s = Store(root, max_file_size=MAX)
+    if s._openat2 is None:
+        pytest.skip("this kernel has no openat2")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret").write_bytes(b"secret")
+    (root / "d").mkdir()
+    (root / "d" / "f").write_bytes(b"inside")
+    os.symlink(tmp_path / "outside", root / "escape")
+    os.symlink("d", root / "alias")
+    with pytest.raises(OSError) as refused:
+        s._openat2("escape/secret")
+    assert refused.value.errno in (errno.EXDEV, errno.ELOOP)
+    with pytest.raises(BadPath):
+        s.read("escape/secret")
+    assert s.read("alias/f")[1] == b"inside"
+    assert s.read("d/f")[1] == b"inside"
