@@ -10,6 +10,10 @@ Decoding is strict: an unknown type, a missing, extra or mistyped field, a frame
 longer than the maximum, or bytes that are not CBOR raise :class:`ProtocolError`
 (or :class:`TooLarge`), and nothing else -- :func:`decode_message` is the one
 boundary where the codec's own exceptions become ours.
+
+Every request costs one decode and one encode, so both run code generated per message
+type from its fields (:func:`_fast_check`, :func:`_encoder`); the generic field checks
+remain the definition, and decoding falls back on them for anything unusual.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import struct
 import types
 import typing
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import cbor2
 
@@ -260,7 +264,7 @@ SERVER_MESSAGES: tuple[type[Message], ...] = (
     ApprovalRequest,
 )
 
-# ---------------------------------------------------------------- field checking
+# ---------------------------------------------------------------- field checking (the reference)
 Check = Callable[[Any], Any]  # returns the (possibly converted) value or raises _Mismatch
 
 
@@ -323,6 +327,18 @@ def _list_of(inner: Check) -> Check:
     return check
 
 
+def _nullable(annotation: Any) -> Any:
+    """``X`` for an annotation ``X | None``, else None."""
+    args = typing.get_args(annotation)
+    if (
+        typing.get_origin(annotation) in (types.UnionType, typing.Union)
+        and len(args) == 2
+        and type(None) in args
+    ):
+        return next(a for a in args if a is not type(None))
+    return None
+
+
 def _check_for(annotation: Any) -> Check:
     if annotation is float:
         return _number
@@ -330,12 +346,12 @@ def _check_for(annotation: Any) -> Check:
         return _int
     if annotation in (str, bytes, bool):
         return _exact(annotation)
+    inner = _nullable(annotation)
+    if inner is not None:
+        return _optional(_check_for(inner))
     origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin in (types.UnionType, typing.Union) and len(args) == 2 and type(None) in args:
-        return _optional(_check_for(next(a for a in args if a is not type(None))))
     if origin is list:
-        return _list_of(_check_for(args[0]))
+        return _list_of(_check_for(typing.get_args(annotation)[0]))
     if origin is dict:
         return _any_map
     raise TypeError(f"no wire check for {annotation!r}")
@@ -361,24 +377,15 @@ def _schema(cls: type[Message]) -> _Schema:
     return _Schema(cls, tuple(required), tuple(optional), names)
 
 
-_SCHEMAS: dict[str, _Schema] = {cls.TYPE: _schema(cls) for cls in CLIENT_MESSAGES + SERVER_MESSAGES}
-_FIELD_NAMES: dict[type[Message], tuple[str, ...]] = {
-    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in CLIENT_MESSAGES + SERVER_MESSAGES
-}
+_ALL_MESSAGES = CLIENT_MESSAGES + SERVER_MESSAGES
+_SCHEMAS: dict[str, _Schema] = {cls.TYPE: _schema(cls) for cls in _ALL_MESSAGES}
 
 
-# ---------------------------------------------------------------- encode / decode
-def encode(message: Message) -> bytes:
-    """One frame: the length header and the CBOR map of ``message``."""
-    body: dict[str, Any] = {"t": message.TYPE}
-    for name in _FIELD_NAMES[type(message)]:
-        body[name] = getattr(message, name)
-    payload = cbor2.dumps(body)
-    return HEADER.pack(len(payload)) + payload
-
-
-def _reject_tag(decoder: Any, tag: Any) -> Any:
-    raise ProtocolError(f"CBOR tag {tag.tag} is not allowed")
+def _reject_tag(*_: Any) -> NoReturn:
+    """The tag hook, called for the tags cbor2 does not decode itself. (cbor2 5 passes
+    ``(decoder, tag)``, cbor2 6 ``(tag, immutable)`` and wraps what the hook raises in
+    an error naming the tag: either way the frame is refused.)"""
+    raise ProtocolError("CBOR tags are not allowed")
 
 
 _PLAIN = frozenset({str, bytes, int, float, bool, type(None)})
@@ -402,8 +409,9 @@ def _check_plain(body: Any) -> None:
             raise ProtocolError(f"CBOR tag decoding to {kind.__name__} is not allowed")
 
 
-def decode_message(payload: bytes) -> Message:
-    """The message in one frame's payload (header already removed)."""
+def _decode_item(payload: bytes) -> Any:
+    """The one CBOR item in ``payload``, read by a stream decoder so that bytes after
+    it are seen (``cbor2.loads`` ignores them)."""
     stream = io.BytesIO(payload)
     try:
         body = cbor2.CBORDecoder(stream, tag_hook=_reject_tag).decode()
@@ -413,9 +421,14 @@ def decode_message(payload: bytes) -> Message:
         raise ProtocolError(f"frame is not valid CBOR: {exc}") from None
     if stream.tell() != len(payload):
         raise ProtocolError("frame holds bytes after its CBOR map")
-    # Every field is checked for its exact type below, so whatever cbor2 made of a
-    # tag it knows (datetime, set, shared reference ...) is refused there; only the
-    # free-form counters map is walked (_any_map).
+    return body
+
+
+def _check_body(body: Any) -> Message:
+    """The message a decoded frame describes, every field checked for its exact type.
+
+    Whatever cbor2 made of a tag it knows (datetime, set, shared reference ...) is
+    refused here; only the free-form counters map is walked (_any_map)."""
     if type(body) is not dict:
         raise ProtocolError("frame must hold a CBOR map")
     kind = body.get("t")
@@ -439,6 +452,160 @@ def decode_message(payload: bytes) -> Message:
     return schema.cls(**values)
 
 
+def _decode_reference(payload: bytes) -> Message:
+    """What :func:`decode_message` means, written plainly (it is the original decoder):
+    the tests check that the two agree on every payload."""
+    return _check_body(_decode_item(payload))
+
+
+# ---------------------------------------------------------------- generated fast paths
+# Each message type gets a checker and an encoder generated from its fields: straight-line
+# code that touches each field once. A checker returns only a message the generic checks
+# above would return too, and None for anything else (a missing, extra or mistyped
+# field ...), whereupon the generic checks decide and make the error.
+FastCheck = Callable[[dict[Any, Any]], Message | None]
+_SIMPLE = (int, float, str, bytes, bool)
+
+
+def _field_test(var: str, annotation: Any, namespace: dict[str, Any]) -> list[str]:
+    """Lines that leave ``var`` checked (and converted) as :func:`_check_for` would,
+    or return None."""
+    in_range = f"{-(2**64)} <= {var} < {2**64}"  # what _int accepts
+    if annotation is int:
+        return [f"if type({var}) is not int or not {in_range}:", "    return None"]
+    if annotation in (str, bytes, bool):
+        return [f"if type({var}) is not {annotation.__name__}:", "    return None"]
+    if annotation is float:
+        return [
+            f"if type({var}) is float:",
+            f"    if not _isfinite({var}):",
+            "        return None",
+            f"elif type({var}) is int and {in_range}:",
+            f"    {var} = float({var})",
+            "else:",
+            "    return None",
+        ]
+    inner = _nullable(annotation)
+    if inner in _SIMPLE:
+        return [f"if {var} is not None:", *(f"    {x}" for x in _field_test(var, inner, namespace))]
+    namespace[f"_check_{var}"] = _check_for(annotation)  # lists and maps: the generic check
+    return ["try:", f"    {var} = _check_{var}({var})", "except _Mismatch:", "    return None"]
+
+
+def _compile(source: str, name: str, namespace: dict[str, Any]) -> Any:
+    """The function ``name`` that ``source`` defines; its docstring is ``source``."""
+    exec(compile(source, f"<fscache.protocol {name}>", "exec"), namespace)
+    function = namespace[name]
+    function.__doc__ = source
+    return function
+
+
+def _fast_check(cls: type[Message]) -> FastCheck:
+    """The checker for ``cls``, for a body whose ``t`` the caller has found to be
+    ``cls.TYPE``. Its source is its docstring."""
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)
+    required = [f.name for f in fields if f.default is dataclasses.MISSING]
+    optional = [f.name for f in fields if f.default is not dataclasses.MISSING]
+    for field in fields:  # what the code generated below relies on
+        slot = cls.__dict__.get(field.name)
+        if (
+            not field.name.isidentifier()
+            or not field.init
+            or field.default_factory is not dataclasses.MISSING
+            or (field.name in optional and field.default is not None)  # body.get() is the default
+            or (field.name in optional and _nullable(hints[field.name]) is None)
+            or not isinstance(slot, types.MemberDescriptorType)
+            or hasattr(cls, "__post_init__")
+        ):
+            raise TypeError(f"{cls.__name__}.{field.name}: not a plain slot, required or None")
+    namespace: dict[str, Any] = {"_cls": cls, "_isfinite": math.isfinite, "_Mismatch": _Mismatch}
+    # exactly the fields' keys and "t": no other keys
+    count = " + ".join([str(1 + len(required)), *(f"({name!r} in body)" for name in optional)])
+    lines = [f"if len(body) != {count}:", "    return None"]
+    if required:
+        lines += ["try:", *(f"    f_{name} = body[{name!r}]" for name in required)]
+        lines += ["except KeyError:", "    return None"]
+    lines += [f"f_{name} = body.get({name!r})" for name in optional]
+    for field in fields:
+        lines += _field_test(f"f_{field.name}", hints[field.name], namespace)
+    # A frozen dataclass's __init__ sets each field with object.__setattr__, which for a
+    # slotted class ends in the slot's descriptor: calling that directly is cheaper.
+    namespace["_new"] = object.__new__
+    lines.append("message = _new(_cls)")
+    for field in fields:
+        namespace[f"_set_{field.name}"] = cls.__dict__[field.name].__set__
+        lines.append(f"_set_{field.name}(message, f_{field.name})")
+    lines.append("return message")
+    source = "def check(body):\n" + "".join(f"    {line}\n" for line in lines)
+    check: FastCheck = _compile(source, "check", namespace)
+    return check
+
+
+def _encoder(cls: type[Message]) -> Callable[[Any], bytes]:
+    """The encoder for ``cls``: a literal map, one ``cbor2.dumps``. Its source is its docstring."""
+    items = [f'"t": {cls.TYPE!r}', *(f"{f.name!r}: m.{f.name}" for f in dataclasses.fields(cls))]
+    source = (
+        "def encode(m):\n"
+        f"    payload = _dumps({{{', '.join(items)}}})\n"
+        "    return _pack(len(payload)) + payload\n"
+    )
+    encode: Callable[[Any], bytes] = _compile(
+        source, "encode", {"_dumps": cbor2.dumps, "_pack": HEADER.pack}
+    )
+    return encode
+
+
+_FAST_CHECKS: dict[str, FastCheck] = {cls.TYPE: _fast_check(cls) for cls in _ALL_MESSAGES}
+_ENCODERS: dict[type[Message], Callable[[Any], bytes]] = {
+    cls: _encoder(cls) for cls in _ALL_MESSAGES
+}
+
+
+# ---------------------------------------------------------------- encode / decode
+def encode(message: Message) -> bytes:
+    """One frame: the length header and the CBOR map of ``message``: ``t``, then the
+    fields in their order."""
+    return _ENCODERS[type(message)](message)
+
+
+_BytesIO = io.BytesIO
+_load = cbor2.load
+
+
+def decode_message(payload: bytes) -> Message:
+    """The message in one frame's payload (header already removed).
+
+    :func:`_decode_reference`, only faster: ``cbor2.load`` is the cheaper spelling of
+    its stream decoder, and the message type's generated checker stands in for the
+    generic checks, which run only when it declines (and then make the error).
+    """
+    stream = _BytesIO(payload)
+    try:
+        body = _load(stream, tag_hook=_reject_tag)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # cbor2 raises several types, and RecursionError on deep nesting
+        raise ProtocolError(f"frame is not valid CBOR: {exc}") from None
+    if stream.tell() != len(payload):  # (cbor2.loads would silently ignore them)
+        raise ProtocolError("frame holds bytes after its CBOR map")
+    if type(body) is dict:
+        kind = body.get("t")
+        if type(kind) is str:
+            check = _FAST_CHECKS.get(kind)
+            if check is not None:
+                message = check(body)
+                if message is not None:
+                    return message
+    return _check_body(body)
+
+
+_HEADER_SIZE = HEADER.size
+_unpack_header = HEADER.unpack_from
+# Up to this size slicing the buffer (two copies) is cheaper than a memoryview (one).
+_SMALL_FRAME = 2048
+
+
 class FrameDecoder:
     """Incremental decoder: feed it byte chunks of any size, take whole messages out."""
 
@@ -456,15 +623,19 @@ class FrameDecoder:
     def next_message(self) -> Message | None:
         """The next whole message, or None until more bytes arrive."""
         buffer = self._buffer
-        if len(buffer) < HEADER.size:
+        if len(buffer) < _HEADER_SIZE:
             return None
-        (length,) = HEADER.unpack_from(buffer)
-        if length > self.max_frame:
+        (length,) = _unpack_header(buffer)
+        if length > self.max_frame:  # before the body arrives
             raise TooLarge(f"frame of {length} bytes exceeds the maximum of {self.max_frame}")
-        end = HEADER.size + length
+        end = _HEADER_SIZE + length
         if len(buffer) < end:
             return None
-        payload = bytes(buffer[HEADER.size : end])
+        if length <= _SMALL_FRAME:
+            payload = bytes(buffer[_HEADER_SIZE:end])
+        else:
+            with memoryview(buffer)[_HEADER_SIZE:end] as view:
+                payload = view.tobytes()
         del buffer[:end]
         return decode_message(payload)
 

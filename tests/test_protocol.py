@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from fscache.errors import ProtocolError, TooLarge
 from fscache.protocol import (
+    _FAST_CHECKS,
     CLIENT_MESSAGES,
     DEFAULT_MAX_FRAME,
     SERVER_MESSAGES,
@@ -35,6 +36,7 @@ from fscache.protocol import (
     Message,
     Read,
     Write,
+    _decode_reference,
     decode_message,
     encode,
 )
@@ -367,3 +369,119 @@ def test_float_fields_must_be_finite(bad: float) -> None:
     payload = cbor2.dumps({"t": "data", "id": 1, "version": 1, "term": bad, "data": b""})
     with pytest.raises(ProtocolError, match="finite"):
         decode_message(payload)
+
+
+# ---------------------------------------------------------------- the fast decoder is the reference
+# decode_message runs code generated per message type; _decode_reference is the plain
+# generic decoder it stands for. They must agree on every payload: the same message,
+# field types included (an int term is a float), or both a ProtocolError.
+TAGGED = [
+    cbor2.CBORTag(999, 1),
+    datetime.datetime(2020, 1, 1, tzinfo=UTC),
+    decimal.Decimal("1.5"),
+    uuid.UUID(int=1),
+    frozenset({1}),
+    cbor2.undefined,
+    cbor2.CBORSimpleValue(99),
+]
+EDGES = [2**64 - 1, -(2**64), 2**64, -(2**64) - 1, float("inf"), float("-inf"), float("nan"), -0.0]
+VALUES = (
+    PLAIN
+    | st.sampled_from([*TAGGED, *EDGES, True, 1, 1.0, [], {}])
+    | st.sampled_from([cls.TYPE for cls in ALL_MESSAGES])
+)
+FIELD_NAMES = sorted({f.name for cls in ALL_MESSAGES for f in dataclasses.fields(cls)})
+
+
+def body_of(message: Message) -> dict[str, Any]:
+    fields = dataclasses.fields(message)
+    return {"t": message.TYPE, **{f.name: getattr(message, f.name) for f in fields}}
+
+
+@st.composite
+def mutated_payloads(draw: st.DrawFn) -> bytes:
+    """A valid message's map with fields dropped, added or replaced by odd values, encoded
+    in one of cbor2's ways (shared values, string references, indefinite lengths ...)."""
+    body = body_of(draw(ANY_MESSAGE))
+    for _ in range(draw(st.integers(0, 3))):
+        key = draw(st.sampled_from(["t", *body, *FIELD_NAMES]) | st.text(max_size=2))
+        if draw(st.booleans()):
+            body.pop(key, None)
+        else:
+            body[key] = draw(VALUES)
+    flags = ("canonical", "value_sharing", "string_referencing", "indefinite_containers")
+    payload = cbor2.dumps(body, **{flag: draw(st.booleans()) for flag in flags})
+    return payload + draw(st.sampled_from([b"", b"\x00", b"\xff", payload]))
+
+
+@st.composite
+def corrupted_payloads(draw: st.DrawFn) -> bytes:
+    payload = bytearray(payload_of(draw(ANY_MESSAGE)))
+    for _ in range(draw(st.integers(1, 4))):
+        position = draw(st.integers(0, len(payload)))
+        if position == len(payload) or draw(st.booleans()):
+            payload[position:position] = draw(st.binary(min_size=1, max_size=9))
+        else:
+            payload[position] = draw(st.integers(0, 255))
+    return bytes(payload)
+
+
+def outcome(decode: Any, payload: bytes) -> tuple[str, Any]:
+    try:
+        message = decode(payload)
+    except ProtocolError as exc:
+        return ("raised", type(exc))
+    return ("decoded", (type(message), message, repr(message)))  # repr: 10 and 10.0 differ
+
+
+def assert_agree(payload: bytes) -> None:
+    assert outcome(decode_message, payload) == outcome(_decode_reference, payload)
+
+
+@settings(max_examples=300)
+@given(payload=st.binary() | corrupted_payloads() | mutated_payloads())
+def test_the_fast_decoder_agrees_with_the_reference(payload: bytes) -> None:
+    assert_agree(payload)
+
+
+@settings(max_examples=200)
+@given(message=ANY_MESSAGE)
+def test_valid_messages_take_the_fast_path_and_encode_as_before(message: Message) -> None:
+    payload = payload_of(message)
+
+    assert payload == cbor2.dumps(body_of(message))  # the wire format: t, then the fields
+    assert _FAST_CHECKS[message.TYPE](cbor2.loads(payload)) == message  # no fallback
+    assert_agree(payload)
+
+
+SHARED: list[Any] = []
+UNUSUAL_PAYLOADS: dict[str, bytes] = {
+    "optional field left out": cbor({"t": "read", "id": 1, "path": "a"}),
+    "fields in another order": cbor({"id": 1, "path": "a", "t": "read", "have": 2}),
+    "duplicate key": b"\xa3" + cbor("t") + cbor("done") + (cbor("id") + cbor(1)) * 2,
+    "half-precision float": cbor2.dumps({"t": "written", "id": 1, "version": 1, "term": 1.5},
+                                        canonical=True),
+    "int for float at the edge": data_with(term=2**64 - 1),
+    "small bignum for int": b"\xa2" + cbor("t") + cbor("done") + cbor("id") + b"\xc2\x41\x05",
+    "shareable text": b"\xa2" + cbor("t") + b"\xd8\x1c" + cbor("done") + cbor("id") + cbor(1),
+    "string references": cbor2.dumps({"t": "listing", "id": 1, "names": ["abc"] * 3},
+                                     string_referencing=True),
+    "shared empty lists": cbor2.dumps({"t": "extend", "id": 1, "paths": SHARED, "versions": SHARED},
+                                      value_sharing=True),
+    "self-described": b"\xd9\xd9\xf7" + cbor({"t": "done", "id": 1}),
+    **BAD_PAYLOADS,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("payload", UNUSUAL_PAYLOADS.values(), ids=UNUSUAL_PAYLOADS.keys())
+def test_the_fast_decoder_agrees_with_the_reference_on_unusual_payloads(payload: bytes) -> None:
+    assert_agree(payload)
+
+
+def test_frames_around_the_copy_threshold_decode_back_to_back() -> None:
+    messages = [Write(id=n, path="a", data=b"x" * n) for n in range(2000, 2100, 7)]
+    decoder = FrameDecoder()
+
+    decoder.feed(b"".join(encode(m) for m in messages))
+    assert list(decoder) == messages
+    assert decoder.buffered == 0
