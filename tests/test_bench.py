@@ -201,7 +201,7 @@ def test_no_priming_without_a_term() -> None:
 def test_speed_table_compares_each_figure_with_its_target() -> None:
     raw = {
         "hit_baseline_s": 1e-7, "hit_blocking_s": 2e-7, "hit_async_s": 5e-7,
-        "echo_rtt_s": 1e-4, "miss_s": 1.2e-4, "miss_frame_client_s": 1.1e-4,
+        "echo_rtt_s": 1e-4, "miss_s": 1.2e-4, "miss_frame_client_s": 1.1e-4, "miss_warm_s": 1.5e-4,
         "echo_msgs_per_s": 40000.0, "fscache_msgs_per_s": 20000.0,
         "echo_cpu_per_request_s": 2e-5, "fscache_cpu_per_request_s": 5e-5,
     }  # fmt: skip
@@ -210,6 +210,7 @@ def test_speed_table_compares_each_figure_with_its_target() -> None:
     assert rows["hit, blocking client"]["met"] is True
     assert rows["hit, async client"]["met"] is False  # 5x > 4x
     assert rows["miss (lease granted), async client"]["met"] is True
+    assert rows["  same, file warm on the server"]["met"] is False  # 1.5x > 1.4x
     assert rows["throughput, 50 clients, term 0"]["ratio"] == pytest.approx(0.5)
     assert rows["throughput, 50 clients, term 0"]["met"] is False
     assert "NO" in speed.format_table(list(rows.values()))
