@@ -52,10 +52,12 @@ every field as it was.  So, as with git's "racily clean" index entries, a file i
 cached only if its ctime is at least ``_RACY_NS`` (2 s: one second of granularity
 plus the kernel's coarse-clock lag, with room to spare) older than the wall clock
 read *before* the file was opened: every later change then gets a strictly later
-ctime.  The file is also ``fstat``\\ed again after reading and cached only if the
-key did not move meanwhile.  Limits: a wall clock stepped backwards by more than
-the margin, or writes through a shared ``mmap`` (the kernel updates the times
-lazily), can hide a change from the cache, as they do from git and rsync.
+ctime.  That also covers an edit racing the read itself: the entry is keyed by
+the ``fstat`` taken *before* reading, and the edit moves the ctime past it, so an
+entry whose bytes came from after that ``fstat`` is never served.  Limits: a wall
+clock stepped backwards by more than the margin, or writes through a shared
+``mmap`` (the kernel updates the times lazily), can hide a change from the cache,
+as they do from git and rsync.
 
 The cache keeps the read path exactly as safe: an entry is made only from a
 descriptor that landed at ``root/path`` itself (no symlink anywhere on the way,
@@ -290,10 +292,13 @@ class Store:
             data = os.read(fd, size)
             if len(data) < size:
                 data = _read_rest(fd, data, size)
-            if landed_plainly and len(data) == size <= self._content_entry_max:
-                key = _key(st)
-                if key[4] <= started - _RACY_NS and _key(os.fstat(fd)) == key:
-                    self._cache(path, _Cached(key, data))
+            if (
+                landed_plainly
+                and size <= self._content_entry_max
+                and st.st_ctime_ns <= started - _RACY_NS
+                and len(data) == size
+            ):
+                self._cache(path, _Cached(_key(st), data))
             return st.st_mtime_ns, data
         except OSError as exc:
             raise _translate(exc, "read", path) from None
