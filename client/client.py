@@ -111,6 +111,38 @@ class _Request:
 _IDLE = object()  # the idle reader's token as link.reader
 
 
+class _Doorbell:
+    """Wakes the one task parked on it (the idle reader): a direct reschedule, as a
+    ring happens on the critical path of every request that read its own reply."""
+
+    __slots__ = ("_rung", "_task")
+
+    def __init__(self) -> None:
+        self._task: trio.lowlevel.Task | None = None
+        self._rung = False
+
+    def ring(self) -> None:
+        task = self._task
+        if task is None:
+            self._rung = True
+        else:
+            self._task = None
+            trio.lowlevel.reschedule(task)
+
+    async def wait(self) -> None:
+        if self._rung:
+            self._rung = False
+            await trio.lowlevel.checkpoint()
+            return
+        self._task = trio.lowlevel.current_task()
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            self._task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+
 class _Link:
     """One live connection: its wire, its waiting requests, who reads it."""
 
@@ -126,7 +158,7 @@ class _Link:
         self._send_turn = trio.lowlevel.ParkingLot()
         self.reader: object | None = None  # a _Request, _IDLE, or None: nobody reads
         self.reader_scope: trio.CancelScope | None = None  # interrupts the idle reader's wait
-        self.idle_wake = trio.Event()
+        self.idle_wake = _Doorbell()
         self.last_heard = 0.0
         self.broken = False
 
@@ -352,7 +384,9 @@ class Client:
             request.data = entry.data
         self._inflight[path] = request
         try:
-            link = await self._current_link()
+            link = self._link
+            if link is None or link.broken or self._closing:
+                link = await self._current_link()
             await self._send_request(link, request, lambda i: p.Read(id=i, path=path, have=have))
         except BaseException as exc:
             if not request.finished:
@@ -454,8 +488,9 @@ class Client:
     def _on_bytes(self, link: _Link, data: bytes | bytearray | memoryview) -> None:
         decoder = link.decoder
         decoder.feed(data)
-        for message in decoder:
-            self._on_message(link, message)
+        on_message = self._on_message
+        while (message := decoder.next_message()) is not None:
+            on_message(link, message)
 
     async def _idle_wait(self, link: _Link, wire: SocketWire) -> None:
         """The idle reader's turn on an interruptible wire: wait for bytes where a
@@ -493,14 +528,13 @@ class Client:
             if request.following and request.wake is not None:
                 request.wake.set()
                 return
-        link.idle_wake.set()
+        link.idle_wake.ring()
 
     async def _idle_reader(self, link: _Link) -> None:
         """Read while no request's task does; returns when the server closes."""
         while True:
             if link.reader is not None:
                 await link.idle_wake.wait()
-                link.idle_wake = trio.Event()
                 continue
             wire = link.wire
             try:
@@ -515,6 +549,15 @@ class Client:
     def _on_message(self, link: _Link, message: p.Message) -> None:
         """Apply one server frame, in arrival order."""
         link.last_heard = self._clock()
+        if type(message) is p.Data:  # the common case, first: a read's data
+            request = link.waiting.pop(message.id, None)
+            if request is not None:
+                request.reply = message
+                self._apply_reply(request, message)
+                request.finish()
+            if not link.waiting:
+                self._relinquished.clear()
+            return
         if isinstance(message, p.ApprovalRequest):
             self._cache.drop(message.path)  # drop first ...
             self._inflight.pop(message.path, None)  # (no new reader joins an older answer)
@@ -538,11 +581,12 @@ class Client:
     def _apply_reply(self, request: _Request, reply: p.Message) -> None:
         """Cache effects of a successful reply (runs in the reader, in order)."""
         sent = request.message
-        if self._inflight.get(request.path) is request:
-            del self._inflight[request.path]  # later readers must ask anew
-        may_cache = request.id >= self._relinquished.get(request.path, 0)
+        path = request.path
+        if self._inflight.get(path) is request:
+            del self._inflight[path]  # later readers must ask anew
+        may_cache = not self._relinquished or request.id >= self._relinquished.get(path, 0)
         evicted: list[str] = []
-        if isinstance(reply, p.Data):
+        if type(reply) is p.Data:
             if may_cache:
                 evicted = self._cache.store(
                     request.path, reply.data, reply.version, reply.term, request.sent_at
