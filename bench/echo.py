@@ -4,25 +4,36 @@ Each length-prefixed CBOR frame is decoded with plain ``cbor2.loads`` and re-enc
 with ``cbor2.dumps`` before it goes back: the least any CBOR-over-TCP server must do.
 No validation, no dispatch, no per-connection sender task. Run it in its own process:
 ``python -m fscache.bench.echo`` prints ``echo serving on HOST:PORT``.
+
+``--wire`` serves the same loop over :class:`fscache.wire.SocketWire`, the socket I/O
+the fscache server itself uses, instead of trio's ``SocketStream``: a second
+baseline that shows how much of a difference is the I/O layer and how much is
+fscache's own work.
 """
 
 from __future__ import annotations
 
 import signal
 import struct
+import sys
+from collections.abc import Awaitable, Callable
 
 import cbor2
 import trio
 
+from fscache.wire import SocketWire, StreamWire, Wire
+
 HEADER = struct.Struct(">I")
 
 
-async def echo_frames(stream: trio.SocketStream) -> None:
+async def echo_frames(stream: trio.SocketStream, wire: Wire | None = None) -> None:
+    if wire is None:
+        wire = StreamWire(stream)
     buffer = bytearray()
     try:
         async with stream:
             while True:
-                data = await stream.receive_some(256 * 1024)
+                data = await wire.receive()
                 if not data:
                     return
                 buffer += data
@@ -36,17 +47,21 @@ async def echo_frames(stream: trio.SocketStream) -> None:
                     del buffer[:end]
                     replies.append(HEADER.pack(len(payload)) + payload)
                 if replies:
-                    await stream.send_all(b"".join(replies))
+                    await wire.send_all(b"".join(replies))
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         return
 
 
-async def main() -> None:
+async def echo_frames_on_wire(stream: trio.SocketStream) -> None:
+    await echo_frames(stream, SocketWire(stream))
+
+
+async def main(handler: Callable[[trio.SocketStream], Awaitable[None]] = echo_frames) -> None:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     host, port = listeners[0].socket.getsockname()[:2]
     print(f"echo serving on {host}:{port}", flush=True)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(trio.serve_listeners, echo_frames, listeners)
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
                 break
@@ -54,4 +69,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    trio.run(main, echo_frames_on_wire if "--wire" in sys.argv[1:] else echo_frames)

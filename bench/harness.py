@@ -122,9 +122,11 @@ def fscache_server(
 
 
 @contextlib.contextmanager
-def echo_server() -> Iterator[ServerProcess]:
-    """The bare trio echo server of :mod:`fscache.bench.echo` on a free port."""
-    server = _spawn("echo", [sys.executable, "-m", "fscache.bench.echo"], _echo_address)
+def echo_server(*, wire: bool = False) -> Iterator[ServerProcess]:
+    """The bare trio echo server of :mod:`fscache.bench.echo` on a free port
+    (``wire``: on fscache's own socket I/O instead of trio's SocketStream)."""
+    argv = [sys.executable, "-m", "fscache.bench.echo", *(["--wire"] if wire else [])]
+    server = _spawn("echo", argv, _echo_address)
     try:
         yield server
     finally:

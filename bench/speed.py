@@ -19,6 +19,12 @@ the numbers belong to the machine they were taken on.
    server: one request in plus one reply out per round trip.
 
 Every server runs in its own process; so does every load generator.
+
+The fscache server drives plain TCP sockets with :class:`fscache.wire.SocketWire`
+rather than trio's ``SocketStream`` (one pass through the scheduler per message
+instead of two). The issue's baseline is the plain trio echo server; rows marked
+"(vs echo on fscache's socket I/O)" also compare with the same echo loop on
+``SocketWire``, to show what is the I/O layer and what is fscache's own work.
 """
 
 from __future__ import annotations
@@ -148,11 +154,12 @@ def measure_misses(root: str, *, count: int, repeat: int) -> dict[str, float]:
     _write_files(root, cold + warm)
     written = time.monotonic()
     result: dict[str, float] = {}
-    with echo_server() as echo:
-        result["echo_rtt_s"] = min(
-            statistics.median(trio.run(_frame_round_trips, echo.port, paths))
-            for paths in _passes(cold, count, repeat)
-        )
+    for key, wire in (("echo_rtt_s", False), ("echo_wire_rtt_s", True)):
+        with echo_server(wire=wire) as echo:
+            result[key] = min(
+                statistics.median(trio.run(_frame_round_trips, echo.port, paths))
+                for paths in _passes(cold, count, repeat)
+            )
     time.sleep(max(0.0, written + SERVER_CACHES_AFTER - time.monotonic()))
     with fscache_server(root, term=LONG_TERM) as server:
         result["miss_s"] = min(
@@ -266,11 +273,15 @@ def measure_throughput(
         echo_rate, echo_cpu = run_load(echo, paths, processes=processes, seconds=seconds)
     with fscache_server(root, term=0.0) as server:
         fscache_rate, fscache_cpu = run_load(server, paths, processes=processes, seconds=seconds)
+    with echo_server(wire=True) as echo:
+        wire_rate, wire_cpu = run_load(echo, paths, processes=processes, seconds=seconds)
     return {  # messages at the server: a request in and a reply out per round trip
         "echo_msgs_per_s": 2 * echo_rate,
         "fscache_msgs_per_s": 2 * fscache_rate,
+        "echo_wire_msgs_per_s": 2 * wire_rate,
         "echo_cpu_per_request_s": echo_cpu,
         "fscache_cpu_per_request_s": fscache_cpu,
+        "echo_wire_cpu_per_request_s": wire_cpu,
     }
 
 
@@ -313,12 +324,17 @@ def summarize(raw: dict[str, float]) -> list[dict[str, Any]]:
         row("throughput, 50 clients, term 0", raw["fscache_msgs_per_s"],
             raw["echo_msgs_per_s"], "msg/s", TARGETS["throughput"], False),
     ]  # fmt: skip
-    for position, info in (
+    info_rows = [  # (position in the table, row): context, no target
         (4, row("  (miss, bare frame client)", raw["miss_frame_client_s"] * us,
                 raw["echo_rtt_s"] * us, "us", TARGETS["miss"], True)),
-        (6, row("  (server CPU per request)", raw["fscache_cpu_per_request_s"] * us,
+        (5, row("  (miss vs echo on fscache's socket I/O)", raw["miss_s"] * us,
+                raw["echo_wire_rtt_s"] * us, "us", TARGETS["miss"], True)),
+        (7, row("  (vs echo on fscache's socket I/O)", raw["fscache_msgs_per_s"],
+                raw["echo_wire_msgs_per_s"], "msg/s", TARGETS["throughput"], False)),
+        (8, row("  (server CPU per request)", raw["fscache_cpu_per_request_s"] * us,
                 raw["echo_cpu_per_request_s"] * us, "us", TARGETS["miss"], True)),
-    ):  # fmt: skip
+    ]  # fmt: skip
+    for position, info in info_rows:
         info["target"] = "(info)"
         info["met"] = None
         rows.insert(position, info)
@@ -326,7 +342,7 @@ def summarize(raw: dict[str, float]) -> list[dict[str, Any]]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = f"{'figure':38} {'fscache':>12} {'baseline':>12} {'ratio':>7} {'target':>8}  met"
+    header = f"{'figure':42} {'fscache':>12} {'baseline':>12} {'ratio':>7} {'target':>8}  met"
     lines = [header, "-" * len(header)]
     for r in rows:
         met = {True: "yes", False: "NO", None: ""}[r["met"]]
@@ -334,7 +350,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         value = f"{r['value']:.3f} {unit}" if unit == "us" else f"{r['value']:,.0f} {unit}"
         base = f"{r['baseline']:.3f} {unit}" if unit == "us" else f"{r['baseline']:,.0f} {unit}"
         lines.append(
-            f"{r['figure']:38} {value:>12} {base:>12} {r['ratio']:>7.2f} {r['target']:>8}  {met}"
+            f"{r['figure']:42} {value:>12} {base:>12} {r['ratio']:>7.2f} {r['target']:>8}  {met}"
         )
     return "\n".join(lines)
 

@@ -202,7 +202,8 @@ def test_speed_table_compares_each_figure_with_its_target() -> None:
     raw = {
         "hit_baseline_s": 1e-7, "hit_blocking_s": 2e-7, "hit_async_s": 5e-7,
         "echo_rtt_s": 1e-4, "miss_s": 1.2e-4, "miss_frame_client_s": 1.1e-4, "miss_warm_s": 1.5e-4,
-        "echo_msgs_per_s": 40000.0, "fscache_msgs_per_s": 20000.0,
+        "echo_msgs_per_s": 40000.0, "fscache_msgs_per_s": 20000.0, "echo_wire_rtt_s": 9e-5,
+        "echo_wire_msgs_per_s": 50000.0, "echo_wire_cpu_per_request_s": 1.5e-5,
         "echo_cpu_per_request_s": 2e-5, "fscache_cpu_per_request_s": 5e-5,
     }  # fmt: skip
     rows = {r["figure"]: r for r in speed.summarize(raw)}
