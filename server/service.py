@@ -332,6 +332,7 @@ class FileService:
                 await self._timer_wake.wait()
             self._timer_wake = trio.Event()
             self._execute(self.table.tick(self.clock()))
+            self.store.settle()
 
     def _deadline_may_have_moved(self) -> None:
         deadline = self.table.next_deadline()
@@ -480,6 +481,7 @@ class FileService:
             finally:
                 outbox.batching = False
             await outbox.flush()
+            self.store.settle()  # close and cache what the batch read, now the replies are out
 
     # ------------------------------------------------------------ requests
     def _dispatch(self, connection: Connection, message: p.Message) -> None:
@@ -656,6 +658,7 @@ class FileService:
             else:
                 self._pending.pop(effect.op, None)
             self._execute(self.table.write_done(effect.op, self.clock(), ok=ok))
+            self.store.settle()
 
     # ------------------------------------------------------------ counters
     def stats(self) -> dict[str, Any]:

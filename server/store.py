@@ -112,8 +112,9 @@ fsync failed after the rename), as with any storage system; it was not acknowled
 
 Threads.  ``write``, ``delete`` and ``recover`` block on disk; the server calls
 ``write`` and ``delete`` through ``trio.to_thread.run_sync`` and may call them from
-several threads at once.  ``read``, ``stat`` and ``listdir`` take no lock.  Call
-``recover`` only while no write is in flight (it runs in ``__init__``).  POSIX only.
+several threads at once.  ``read``, ``stat`` and ``listdir`` take no lock; ``read``
+and ``settle`` belong to one thread (the server's event loop).  Call ``recover``
+only while no write is in flight (it runs in ``__init__``).  POSIX only.
 """
 
 from __future__ import annotations
@@ -223,6 +224,8 @@ class Store:
             _CACHE_ENTRY_MAX, max_file_size, content_cache_bytes - _CACHE_ENTRY_OVERHEAD
         )
         self._time_ns: Callable[[], int] = time_ns  # the wall clock (a seam for tests)
+        # Reads whose descriptor is still open and whose data is not yet cached: settle()
+        self._unsettled: list[tuple[int, str, _Cached | None]] = []
         self._openat2: Callable[[str], int] | None = _beneath_opener(real)
         self.recover()
 
@@ -255,7 +258,10 @@ class Store:
         """``(version, data)`` of the file at ``path``, both from one open descriptor.
 
         Or both from the content cache, if ``lstat`` shows the same unchanged inode.
+        Closing the descriptor and caching the data wait for :meth:`settle`.
         """
+        if self._unsettled:
+            self.settle()
         entry = self._content.get(path)
         if entry is not None:
             # Only paths whose descriptor landed at exactly root/path get entries, so
@@ -292,18 +298,31 @@ class Store:
             data = os.read(fd, size)
             if len(data) < size:
                 data = _read_rest(fd, data, size)
-            if (
-                landed_plainly
-                and size <= self._content_entry_max
-                and st.st_ctime_ns <= started - _RACY_NS
-                and len(data) == size
-            ):
-                self._cache(path, _Cached(_key(st), data))
-            return st.st_mtime_ns, data
-        except OSError as exc:
-            raise _translate(exc, "read", path) from None
-        finally:
+        except BaseException as exc:
             os.close(fd)
+            if isinstance(exc, OSError):
+                raise _translate(exc, "read", path) from None
+            raise
+        cacheable = (
+            landed_plainly
+            and size <= self._content_entry_max
+            and st.st_ctime_ns <= started - _RACY_NS
+            and len(data) == size
+        )
+        self._unsettled.append((fd, path, _Cached(_key(st), data) if cacheable else None))
+        return st.st_mtime_ns, data
+
+    def settle(self) -> None:
+        """Finish the reads done since the last call: close their descriptors and cache
+        their data. The server calls this once their replies are on their way, so
+        neither is on a reply's critical path; the next :meth:`read` does it first
+        anyway, so at most one batch of descriptors is ever left open."""
+        unsettled, self._unsettled = self._unsettled, []
+        for fd, path, entry in unsettled:
+            with suppress(OSError):
+                os.close(fd)
+            if entry is not None:
+                self._cache(path, entry)
 
     def stat(self, path: str) -> tuple[int, int, bool]:
         """``(version, size, is_dir)``; a directory's version is its mtime, its size 0."""

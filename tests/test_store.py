@@ -572,6 +572,7 @@ def test_cache_sees_an_external_delete(cstore: Store, root: Path) -> None:
     (root / "d").write_bytes(b"now a file")
     with pytest.raises(NotFound):
         cstore.read("d/f")
+    cstore.settle()  # close and cache the reads so far
     assert cstore._content == {}
 
 
@@ -588,6 +589,7 @@ def test_cache_refuses_a_swapped_path_as_an_uncached_read_does(tmp_path: Path, s
         s._time_ns = lambda: time.time_ns() + LATER
         p = put(root, "d/f", b"inside")
         assert s.read("d/f")[1] == b"inside"
+        s.settle()  # close and cache the reads so far
         assert len(s._content) == (1 if cache_bytes else 0)
         if swap == "dir":
             p.unlink()
@@ -604,6 +606,7 @@ def test_cache_refuses_a_swapped_path_as_an_uncached_read_does(tmp_path: Path, s
         with pytest.raises(FscacheError) as info:
             s.read("d/f")
         results.append(type(info.value).__name__)
+        s.settle()  # close and cache the reads so far
         assert s.content_hits == 0 and s._content == {}
     assert results[0] == results[1]
     assert (
@@ -624,6 +627,7 @@ def test_cache_never_holds_a_path_through_a_symlink(cstore: Store, root: Path) -
     for _ in range(2):
         assert cstore.read("alias/f")[1] == b"data"
         assert cstore.read("falias")[1] == b"data"
+    cstore.settle()  # close and cache the reads so far
     assert cstore.content_hits == 0 and cstore._content == {}
 
 
@@ -632,14 +636,17 @@ def test_a_freshly_changed_file_is_not_cached(root: Path, opens: list[str]) -> N
     s.write("f", b"fresh")
     for _ in range(2):
         assert s.read("f")[1] == b"fresh"
+    s.settle()  # close and cache the reads so far
     assert s.content_hits == 0 and s._content == {}
 
     ctime = os.stat(root / "f").st_ctime_ns
     s._time_ns = lambda: ctime + store_mod._RACY_NS - 1  # one ns inside the window
     s.read("f")
+    s.settle()  # close and cache the reads so far
     assert s._content == {}
     s._time_ns = lambda: ctime + store_mod._RACY_NS  # just old enough
     s.read("f")
+    s.settle()  # close and cache the reads so far
     assert list(s._content) == ["f"]
     opened = len(opens)
     assert s.read("f")[1] == b"fresh"
@@ -698,13 +705,18 @@ def test_cache_stays_within_its_byte_budget(root: Path, opens: list[str]) -> Non
     put(root, "big", b"x" * (3 * cost))  # larger than the whole budget: never cached
     for name in ("a", "b", "c", "d", "big"):
         s.read(name)
+        s.settle()  # close and cache the reads so far
         assert s._content_bytes <= 3 * cost
+    s.settle()  # close and cache the reads so far
     assert list(s._content) == ["b", "c", "d"]  # "a", the oldest, went
+    s.settle()  # close and cache the reads so far
     assert s._content_bytes == 3 * cost
     opened = len(opens)
     assert s.read("c")[1] == b"c" * 100 and len(opens) == opened  # a hit keeps its place
     assert s.read("a")[1] == b"a" * 100 and len(opens) == opened + 1  # a miss
+    s.settle()  # close and cache the reads so far
     assert list(s._content) == ["c", "d", "a"]
+    s.settle()  # close and cache the reads so far
     assert s._content_bytes == 3 * cost
 
 
@@ -714,11 +726,14 @@ def test_own_write_and_delete_drop_the_entry(cstore: Store, root: Path) -> None:
     os.symlink(root / "real", root / "alias")
     cstore.read("real/f")
     cstore.read("g")
+    cstore.settle()  # close and cache the reads so far
     assert set(cstore._content) == {"real/f", "g"}
     version = cstore.write("alias/f", b"v2")  # through an alias: the real entry goes too
+    cstore.settle()  # close and cache the reads so far
     assert set(cstore._content) == {"g"}
     assert cstore.read("real/f") == (version, b"v2")
     cstore.delete("g")
+    cstore.settle()  # close and cache the reads so far
     assert "g" not in cstore._content
     with pytest.raises(NotFound):
         cstore.read("g")
@@ -731,6 +746,7 @@ def test_content_cache_bytes_zero_never_caches(root: Path, opens: list[str]) -> 
     put(root, "g", b"data")
     for _ in range(3):
         assert s.read("f")[1] == b"" and s.read("g")[1] == b"data"
+    s.settle()  # close and cache the reads so far
     assert len(opens) == 6 and s.content_hits == 0 and s._content == {}
     with pytest.raises(FscacheError):
         Store(root, max_file_size=MAX, content_cache_bytes=-1)
@@ -759,3 +775,23 @@ def test_reads_are_confined_to_the_root_by_the_kernel_where_openat2_exists(
         s.read("escape/secret")
     assert s.read("alias/f")[1] == b"inside"
     assert s.read("d/f")[1] == b"inside"
+
+
+def test_a_read_leaves_its_descriptor_open_only_until_settle_or_the_next_read(
+    cstore: Store, root: Path
+) -> None:
+    """The server closes and caches after its replies are sent (settle); a store that
+    is only read from never holds more than one read's descriptor open."""
+    for i in range(50):
+        put(root, f"f{i}", b"x")
+    fds = os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else None
+    before = len(os.listdir("/proc/self/fd")) if fds is not None else 0
+    for i in range(50):
+        cstore.read(f"f{i}")
+        if fds is not None:
+            assert len(os.listdir("/proc/self/fd")) <= before + 1
+    assert len(cstore._unsettled) == 1 and len(cstore._content) == 49
+    cstore.settle()
+    assert cstore._unsettled == [] and len(cstore._content) == 50
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) == before
