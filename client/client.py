@@ -366,9 +366,12 @@ class Client:
     # ------------------------------------------------------------ reads
     async def _read_miss(self, path: str) -> bytes:
         path = normalize(path)
-        data = self._cache.lookup(path, self._clock())  # the caller may have used another form
-        if data is not None:
-            return data
+        entries = self._entries
+        entry = entries.get(path)
+        if entry is not None and self._clock() < entry.expiry:  # a cached path, spelled anew
+            entries.move_to_end(path)
+            self._cache.hits += 1
+            return entry.data
         self._counters["misses"] += 1
         shared = self._inflight.get(path)
         if shared is not None:
@@ -377,10 +380,10 @@ class Client:
             if shared.error is None or isinstance(shared.error, FscacheError):
                 return self._read_result(shared)
             return await self._read_miss(path)  # its sender was cancelled: ask ourselves
-        entry = self._cache.get(path)
-        have = entry.version if entry is not None else None
         request = _Request(path)
-        if entry is not None:
+        have = None
+        if entry is not None:  # revalidate it: an unchanged file costs no data
+            have = entry.version
             request.data = entry.data
         self._inflight[path] = request
         try:
