@@ -569,6 +569,15 @@ def encode(message: Message) -> bytes:
     return _ENCODERS[type(message)](message)
 
 
+def data_frame(id: int, version: int, term: float, data: bytes) -> bytes:
+    """``encode(Data(id=id, version=version, term=term, data=data))`` without building
+    the message first: the server's reply to almost every read."""
+    payload = _dumps({"t": "data", "id": id, "version": version, "term": term, "data": data})
+    return _pack(len(payload)) + payload
+
+
+_dumps = cbor2.dumps
+_pack = HEADER.pack
 _BytesIO = io.BytesIO
 _load = cbor2.load
 

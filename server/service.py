@@ -230,10 +230,13 @@ class Connection:
     alive: bool = True
 
     def send(self, message: p.Message) -> None:
+        self.send_frame(p.encode(message))
+
+    def send_frame(self, frame: bytes) -> None:
         if not self.alive:
             return
         self.counters["messages_out"] += 1
-        if not self.outbox.put(p.encode(message)):
+        if not self.outbox.put(frame):
             log.warning("%s is not reading its replies; dropping the connection", self.peer)
             self.alive = False
             self.cancel.cancel()
@@ -631,7 +634,7 @@ class FileService:
             self.counters["reads_not_modified"] += 1
             connection.send(p.NotModified(id=request.id, version=version, term=grant.term))
         else:
-            connection.send(p.Data(id=request.id, version=version, term=grant.term, data=data))
+            connection.send_frame(p.data_frame(request.id, version, grant.term, data))
 
     async def _apply_write(self, effect: ApplyWrite) -> None:
         pending = self._pending[effect.op]

@@ -37,6 +37,7 @@ from fscache.protocol import (
     Read,
     Write,
     _decode_reference,
+    data_frame,
     decode_message,
     encode,
 )
@@ -485,3 +486,14 @@ def test_frames_around_the_copy_threshold_decode_back_to_back() -> None:
     decoder.feed(b"".join(encode(m) for m in messages))
     assert list(decoder) == messages
     assert decoder.buffered == 0
+
+
+@given(
+    id=st.integers(0, 2**63), version=st.integers(0, 2**63),
+    term=st.floats(0, 1e9, allow_nan=False), data=st.binary(max_size=100),
+)  # fmt: skip
+def test_data_frame_is_the_encoding_of_a_data_message(
+    id: int, version: int, term: float, data: bytes
+) -> None:
+    frame = data_frame(id, version, term, data)
+    assert frame == encode(Data(id=id, version=version, term=term, data=data))
