@@ -17,6 +17,7 @@ import pytest
 import trio
 
 import fscache
+from fscache.bench.frames import FrameConnection, read_frame
 from fscache.cli import parse_serving_line
 from fscache.server.service import ServerSettings, serve
 from fscache.tls import client_context, make_certs
@@ -247,3 +248,66 @@ def test_blocking_client_from_many_threads(served):
         for t in threads:
             t.join()
         assert errors == []
+
+
+async def test_one_connection_carries_many_concurrent_requests_and_approvals(nursery, root):
+    """Over plain TCP a request's own task reads the socket while it waits, the
+    others follow, and an idle reader takes over between requests: with 30 tasks
+    sharing one client while another client keeps writing (so approval requests
+    arrive in between replies), every read after a completed write sees it."""
+    settings = ServerSettings(root=str(root), port=0, hot_writes=0)  # every read leased
+    server = await nursery.start(serve, settings)
+    async with (
+        fscache.open_client("127.0.0.1", server.port) as reader,
+        fscache.open_client("127.0.0.1", server.port) as writer,
+    ):
+
+        async def rounds(i: int) -> None:
+            for n in range(15):
+                value = f"{i}:{n}".encode()
+                await writer.write(f"shared/{i}", value)
+                assert await reader.read(f"shared/{i}") == value
+                assert await reader.read(f"shared/{i}") == value  # now from the cache
+
+        async with trio.open_nursery() as nursery:
+            for i in range(30):
+                nursery.start_soon(rounds, i)
+        assert reader.stats["approvals"] >= 30 * 14  # each write after the first
+        assert reader.stats["hits"] >= 30 * 15
+
+
+async def test_a_cancelled_request_hands_the_socket_on(nursery, root):
+    """Two reads wait behind writes that wait out a silent holder's lease. The first
+    is the task reading the socket; it is cancelled, and the other (a follower)
+    must take the socket over and get its reply when its write is done."""
+    settings = ServerSettings(root=str(root), port=0, term=1.0, skew=0.1, hot_writes=0)
+    server = await nursery.start(serve, settings)
+    for name in ("held", "held2", "free"):
+        (root / name).write_bytes(b"old")
+    holder = await FrameConnection.open("127.0.0.1", server.port)  # reads, then is silent
+    await holder.call(read_frame(1, "held"))
+    await holder.call(read_frame(2, "held2"))
+    async with (
+        fscache.open_client("127.0.0.1", server.port) as writer,
+        fscache.open_client("127.0.0.1", server.port) as reader,
+    ):
+        results: dict[str, bytes] = {}
+
+        async def follower() -> None:
+            results["held2"] = await reader.read("held2")
+
+        started = trio.current_time()
+        with trio.fail_after(2.5):  # a stuck socket would end in Unavailable after 3 s
+            async with trio.open_nursery() as inner:
+                inner.start_soon(writer.write, "held", b"new")
+                inner.start_soon(writer.write, "held2", b"new2")
+                await trio.sleep(0.05)
+                with trio.move_on_after(0.2) as timeout:
+                    inner.start_soon(follower)  # starts after us: we read, it follows
+                    await reader.read("held")
+                assert timeout.cancelled_caught
+                assert await reader.read("free") == b"old"  # the socket still works
+        assert results["held2"] == b"new2"
+        assert await reader.read("held") == b"new"
+        assert trio.current_time() - started >= 1.0  # the writes did wait for the lease
+    await holder.aclose()
