@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -269,3 +270,21 @@ def test_smoke_run_with_the_redis_peer(tmp_path: Path) -> None:
     assert run["hit_ratio"] > 0.0  # RESP3 client tracking does cache
     assert isinstance(run["stale_reads"], int)  # what the checker sees; not asserted
     assert np.isfinite(run["server_consistency_msgs_per_s"])
+
+
+@pytest.mark.slow
+def test_speed_quick_run_measures_every_figure(tmp_path: Path, capsys: Any) -> None:
+    """The speed benchmark runs end to end (figures are reported, never asserted)."""
+    out = tmp_path / "speed.json"
+    assert speed.main(["--quick", "--out", str(out)]) == 0
+    document = json.loads(out.read_text())
+    figures = {row["figure"] for row in document["rows"]}
+    wanted = {
+        "hit, blocking client",
+        "miss (lease granted), async client",
+        "  same, file warm on the server",
+        "throughput, 50 clients, term 0",
+    }
+    assert wanted <= figures
+    assert all(row["value"] > 0 and row["baseline"] > 0 for row in document["rows"])
+    assert "throughput, 50 clients, term 0" in capsys.readouterr().out
