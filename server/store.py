@@ -145,6 +145,9 @@ _SYS_OPENAT2 = 437  # the same number on every Linux architecture
 _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK: FIFOs
+# Reads do not update the file's access time (no inode write per read), where the
+# kernel allows it: O_NOATIME needs the file's owner; refused once, it is not asked again.
+_NOATIME = getattr(os, "O_NOATIME", 0)
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY
 
@@ -227,6 +230,7 @@ class Store:
         # Reads whose descriptor is still open and whose data is not yet cached: settle()
         self._unsettled: list[tuple[int, str, _Cached | None]] = []
         self._openat2: Callable[[str], int] | None = _beneath_opener(real)
+        self._noatime = bool(_NOATIME)
         self.recover()
 
     # ------------------------------------------------------------------ public
@@ -468,7 +472,7 @@ class Store:
             elif _PROC_FD is not None:
                 expected = self._prefix + path
                 try:
-                    fd = os.open(expected, _READ_FLAGS)
+                    fd = self._open_file(expected)
                 except OSError as exc:
                     if exc.errno != errno.ELOOP:  # ELOOP: the last component is a symlink
                         raise _translate(exc, "read", path) from None
@@ -482,9 +486,18 @@ class Store:
                     os.close(fd)  # a symlink on the way: judge it by the slow path
         full = self._resolve(path)
         try:
-            return os.open(full, _READ_FLAGS), full == self._prefix + path
+            return self._open_file(full), full == self._prefix + path
         except OSError as exc:
             raise _translate(exc, "read", path) from None
+
+    def _open_file(self, full: str) -> int:
+        """``os.open`` for reading, without an access-time update where allowed."""
+        if self._noatime:
+            try:
+                return os.open(full, _READ_FLAGS | _NOATIME)
+            except PermissionError:
+                self._noatime = False  # not our file: never ask again
+        return os.open(full, _READ_FLAGS)
 
     def _cache(self, path: str, entry: _Cached) -> None:
         """Hold ``entry`` for ``path``, evicting the oldest entries to stay in budget."""
@@ -626,15 +639,24 @@ def _beneath_opener(root: str) -> Callable[[str], int] | None:
         _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
                     ("resolve", ctypes.c_uint64))  # fmt: skip
 
-    how = OpenHow(_READ_FLAGS, 0, _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS)
-    how_ref, how_size = ctypes.byref(how), ctypes.sizeof(how)
+    resolve = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS
+    plain = OpenHow(_READ_FLAGS, 0, resolve)
+    plain_ref, how_size = ctypes.byref(plain), ctypes.sizeof(plain)
+    hows = [ctypes.byref(OpenHow(_READ_FLAGS | _NOATIME, 0, resolve))]  # until refused
     root_fd = os.open(root, _DIR_FLAGS)  # held for the store's life, like its root
     get_errno = ctypes.get_errno
 
     def openat2(path: str) -> int:
-        fd: int = syscall(_SYS_OPENAT2, root_fd, path.encode(), how_ref, how_size)
+        encoded = path.encode()
+        fd: int = syscall(_SYS_OPENAT2, root_fd, encoded, hows[0], how_size)
         if fd < 0:
             code = get_errno()
+            if code == errno.EPERM and hows[0] is not plain_ref:  # O_NOATIME: not our file
+                fd = syscall(_SYS_OPENAT2, root_fd, encoded, plain_ref, how_size)
+                if fd >= 0:
+                    hows[0] = plain_ref
+                    return fd
+                code = get_errno()
             raise OSError(code, os.strerror(code), path)
         return fd
 

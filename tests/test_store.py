@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -795,3 +796,52 @@ def test_a_read_leaves_its_descriptor_open_only_until_settle_or_the_next_read(
     assert cstore._unsettled == [] and len(cstore._content) == 50
     if fds is not None:
         assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.skipif(not hasattr(os, "O_NOATIME"), reason="no O_NOATIME on this system")
+def test_reading_does_not_touch_the_access_time_of_our_own_files(root: Path) -> None:
+    """relatime would update an access time older than the mtime on the first read
+    (an inode write per read); the store opens its own files with O_NOATIME."""
+    p = put(root, "f", b"data")
+    st = os.stat(p)
+    os.utime(p, ns=(st.st_mtime_ns - 10**12, st.st_mtime_ns))  # atime well before mtime
+    before = os.stat(p).st_atime_ns
+    s = Store(root, max_file_size=MAX)
+    assert s.read("f")[1] == b"data"
+    s.settle()
+    assert os.stat(p).st_atime_ns == before
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "O_NOATIME") or os.geteuid() != 0, reason="needs root to become nobody"
+)
+def test_files_of_another_owner_are_read_without_o_noatime() -> None:
+    """O_NOATIME is refused (EPERM) on a file the reader does not own: the store reads
+    it anyway, through openat2 and through the plain open. A forked child becomes
+    nobody and reads root's world-readable file."""
+    top = Path(tempfile.mkdtemp(prefix="fscache-noatime-", dir="/tmp"))
+    try:
+        root = top / "root"
+        (root / "d").mkdir(parents=True)
+        (root / "d" / "f").write_bytes(b"theirs")
+        for p in (top, root, root / "d"):
+            p.chmod(0o755)
+        pid = os.fork()
+        if pid == 0:  # the child: no pytest from here on, only an exit code
+            code = 1
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                s = Store(root, max_file_size=MAX)
+                ok = s.read("d/f")[1] == b"theirs" and s.read("d/f")[1] == b"theirs"
+                ok = ok and s._openat2 is not None  # still in use: EPERM was O_NOATIME's
+                plain = Store(root, max_file_size=MAX, content_cache_bytes=0)
+                plain._openat2 = None  # the os.open way
+                ok = ok and plain.read("d/f")[1] == b"theirs" and plain.read("d/f")[1] == b"theirs"
+                code = 0 if ok else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        shutil.rmtree(top)
