@@ -174,7 +174,8 @@ class _Link:
             await self.wire.send_all(frame)
         finally:
             self._sending = False
-            self._send_turn.unpark()
+            if self._send_turn:  # someone waits for its turn
+                self._send_turn.unpark()
 
 
 class Client:
