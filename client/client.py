@@ -470,8 +470,11 @@ class Client:
                         await request.wake.wait()
                     finally:
                         request.following = False
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, FscacheError) as exc:
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.debug("connection to %s lost: %s", self.address, exc)
+            self._link_lost(link)
+        except FscacheError as exc:  # the server closed it with an error, or sent garbage
+            log.warning("connection to %s closed: %s", self.address, exc)
             self._link_lost(link)
         finally:
             if link.reader is None and not link.broken:
@@ -553,15 +556,6 @@ class Client:
     def _on_message(self, link: _Link, message: p.Message) -> None:
         """Apply one server frame, in arrival order."""
         link.last_heard = self._clock()
-        if type(message) is p.Data:  # the common case, first: a read's data
-            request = link.waiting.pop(message.id, None)
-            if request is not None:
-                request.reply = message
-                self._apply_reply(request, message)
-                request.finish()
-            if not link.waiting:
-                self._relinquished.clear()
-            return
         if isinstance(message, p.ApprovalRequest):
             self._cache.drop(message.path)  # drop first ...
             self._inflight.pop(message.path, None)  # (no new reader joins an older answer)
