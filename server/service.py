@@ -20,6 +20,13 @@ sleeps until :meth:`LeaseTable.next_deadline` and calls ``tick``.
 A client that stops reading cannot stall anyone else: each connection has its
 own sender task, and once its unsent replies exceed ``max_outbox`` bytes the
 connection is dropped (its leases are then waited out, like a crashed client's).
+
+Plain TCP connections are driven on the socket's descriptor
+(:class:`fscache.wire.SocketWire`): a request costs one pass through trio's
+scheduler -- wake, read, handle, write -- and the replies to one batch of requests
+leave in one write from the task that read them. After that write the store
+closes the batch's files and caches their contents (:meth:`Store.settle`), off the
+critical path of the replies.
 """
 
 from __future__ import annotations
@@ -501,17 +508,14 @@ class FileService:
                 raise ProtocolError(str(exc)) from None
             connection.send(p.Error(id=request_id, code=exc.code, message=str(exc)))
 
-    def _new_op(self, connection: Connection, request: p.Read | p.Write | p.Delete) -> OpId:
+    def _new_op(self) -> OpId:
         self._next_op += 1
-        op = OpId(self._next_op)
-        self._pending[op] = _Pending(connection, request)
-        return op
+        return OpId(self._next_op)
 
     def _on_read(self, connection: Connection, message: p.Read) -> None:
         self.counters["reads"] += 1
         path = normalize(message.path)
-        self._next_op += 1
-        op = OpId(self._next_op)
+        op = self._new_op()
         effects = self.table.read(op, connection.holder, path, self.clock())
         if effects:  # granted at once, the common case: [Grant(op)]
             [grant] = effects
@@ -528,7 +532,8 @@ class FileService:
             raise TooLarge(
                 f"{len(message.data)} bytes is over the limit of {self.settings.max_file_size}"
             )
-        op = self._new_op(connection, message)
+        op = self._new_op()
+        self._pending[op] = _Pending(connection, message)
         self._execute(self.table.write(op, connection.holder, path, self.clock()))
 
     def _on_stat(self, connection: Connection, message: p.Stat) -> None:

@@ -32,10 +32,14 @@ file, which :meth:`Store.recover` deletes at the next start.  After a power loss
 fsyncs give the same result, provided the disk and the file system honour fsync.
 Deletes are ``unlink`` followed by an fsync of the directory.
 
-Reads.  :meth:`Store.read` is open, fstat, read, close on one file descriptor.  The
+Reads.  :meth:`Store.read` is open, fstat, read on one file descriptor.  The
 descriptor pins one inode, and inodes are never written after their rename, so the
 version (``fstat().st_mtime_ns``) and the data always belong together, even if a
 write replaces the file mid-read.  No lock, no thread: it is the server's hot path.
+The open is one ``openat2`` confined by the kernel to the root with no symlink on
+the way (Linux 5.6+; see Paths), with ``O_NOATIME`` where the kernel allows it (no
+inode write per read).  Closing the descriptor and filling the content cache wait
+for :meth:`Store.settle`, which the server calls once the reply is on its way.
 
 Content cache.  Files read again and again are served from memory, validated by
 one ``lstat`` per read: an entry holds the data, its version and the key
@@ -96,13 +100,16 @@ forward until it really is larger than ``old`` and ``floor``.  Limits:
   one path; nothing may use them as time (leases never do).
 
 Paths.  Callers pass paths already normalised by :func:`fscache.paths.normalize`.
-The store still resolves every path with ``os.path.realpath`` and refuses
-(:class:`~fscache.errors.BadPath`) any path that ends up outside the root or on a
-reserved name.  Symlinks inside the root that stay inside the root act as aliases
-(a write through one replaces the file it points to).  The check is not proof
-against another local program swapping directories for symlinks between the check
-and the open (the final component is opened with ``O_NOFOLLOW``); the root is
-meant to belong to the server alone.
+A read first tries ``openat2(root_fd, path, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)``
+(or, without ``openat2``, opens ``root/path`` and asks ``/proc/self/fd`` where the
+descriptor landed): both are free of check-then-open races.  Any path that meets a
+symlink, and every write, stat and listdir, is resolved with ``os.path.realpath``
+and refused (:class:`~fscache.errors.BadPath`) if it ends up outside the root or on
+a reserved name.  Symlinks inside the root that stay inside the root act as aliases
+(a write through one replaces the file it points to).  That resolving check is not
+proof against another local program swapping directories for symlinks between the
+check and the open (the final component is opened with ``O_NOFOLLOW``); the root
+is meant to belong to the server alone.
 
 Errors.  Every ``OSError`` becomes an :class:`~fscache.errors.FscacheError`
 subclass with a message naming the path.  Only programming errors (wrong argument
