@@ -490,6 +490,7 @@ class FileService:
                 return
             finally:
                 outbox.batching = False
+            self._deadline_may_have_moved()  # once per batch: the reads' new leases
             await outbox.flush()
             self.store.settle()  # close and cache what the batch read, now the replies are out
 
@@ -523,7 +524,8 @@ class FileService:
             self._serve_read(grant, connection, message)
         else:  # queued behind a write: served by _execute when granted
             self._pending[op] = _Pending(connection, message)
-        self._deadline_may_have_moved()
+        # The lease may sweep earlier than the timer is set for: the receive loop
+        # checks once per batch (_deadline_may_have_moved), before any await.
 
     def _on_write(self, connection: Connection, message: p.Write | p.Delete) -> None:
         self.counters["writes" if isinstance(message, p.Write) else "deletes"] += 1
