@@ -43,6 +43,7 @@ import trio
 
 from fscache import protocol as p
 from fscache.cache import DEFAULT_MAX_BYTES, LeaseCache
+from fscache.client.wire import SocketWire, Wire, wire_for
 from fscache.errors import (
     FscacheError,
     ProtocolError,
@@ -53,7 +54,6 @@ from fscache.errors import (
 )
 from fscache.paths import normalize
 from fscache.tls import is_auth_failure
-from fscache.wire import SocketWire, Wire, wire_for
 
 log = logging.getLogger("fscache.client")
 
