@@ -367,12 +367,11 @@ class Client:
     # ------------------------------------------------------------ reads
     async def _read_miss(self, path: str) -> bytes:
         path = normalize(path)
-        entries = self._entries
-        entry = entries.get(path)
-        if entry is not None and self._clock() < entry.expiry:  # a cached path, spelled anew
-            entries.move_to_end(path)
-            self._cache.hits += 1
-            return entry.data
+        entry = self._cache.get(path)
+        if entry is not None:  # the caller may have spelled a cached path another way
+            data = self._cache.lookup(path, self._clock())
+            if data is not None:
+                return data
         self._counters["misses"] += 1
         shared = self._inflight.get(path)
         if shared is not None:
@@ -488,11 +487,12 @@ class Client:
         finally:
             if link.reader is owner:
                 link.reader = None
-        if not data:
-            raise trio.BrokenResourceError("the server closed the connection")
         self._on_bytes(link, data)
 
     def _on_bytes(self, link: _Link, data: bytes | bytearray | memoryview) -> None:
+        """Apply every whole frame in what was received; nothing received is EOF."""
+        if not data:
+            raise trio.BrokenResourceError("the server closed the connection")
         decoder = link.decoder
         decoder.feed(data)
         on_message = self._on_message
@@ -515,11 +515,8 @@ class Client:
         if scope.cancel_called:  # even if the wait had already ended: not ours to read
             return
         data = wire.read_now()
-        if data is None:
-            return
-        if not data:
-            raise trio.BrokenResourceError("the server closed the connection")
-        self._on_bytes(link, data)
+        if data is not None:
+            self._on_bytes(link, data)
 
     def _interrupt_reader(self, link: _Link) -> None:
         """Stop the idle reader's wait (it reads nothing after it): the role is free."""
