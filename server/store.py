@@ -236,7 +236,7 @@ class Store:
         self._time_ns: Callable[[], int] = time_ns  # the wall clock (a seam for tests)
         # Reads whose descriptor is still open and whose data is not yet cached: settle()
         self._unsettled: list[tuple[int, str, _Cached | None]] = []
-        self._openat2: Callable[[str], int] | None = _beneath_opener(real)
+        self._openat2: Callable[[str, int], int] | None = _beneath_opener(real)
         self._noatime = bool(_NOATIME)
         self.recover()
 
@@ -282,13 +282,7 @@ class Store:
             except OSError:
                 pass
             else:
-                if (
-                    st.st_dev,
-                    st.st_ino,
-                    st.st_size,
-                    st.st_mtime_ns,
-                    st.st_ctime_ns,
-                ) == entry.key and stat_mod.S_ISREG(st.st_mode):
+                if _key(st) == entry.key and stat_mod.S_ISREG(st.st_mode):
                     self.content_hits += 1
                     return entry.version, entry.data
             self._uncache(path, entry)
@@ -470,7 +464,7 @@ class Store:
         if _plainly_relative(path):
             if self._openat2 is not None:
                 try:
-                    return self._openat2(path), True
+                    return self._open_without_atime(self._openat2, path), True
                 except OSError as exc:
                     if exc.errno not in (errno.ELOOP, errno.EXDEV, errno.ENOSYS, errno.EPERM):
                         raise _translate(exc, "read", path) from None
@@ -479,7 +473,7 @@ class Store:
             elif _PROC_FD is not None:
                 expected = self._prefix + path
                 try:
-                    fd = self._open_file(expected)
+                    fd = self._open_without_atime(os.open, expected)
                 except OSError as exc:
                     if exc.errno != errno.ELOOP:  # ELOOP: the last component is a symlink
                         raise _translate(exc, "read", path) from None
@@ -493,18 +487,22 @@ class Store:
                     os.close(fd)  # a symlink on the way: judge it by the slow path
         full = self._resolve(path)
         try:
-            return self._open_file(full), full == self._prefix + path
+            return self._open_without_atime(os.open, full), full == self._prefix + path
         except OSError as exc:
             raise _translate(exc, "read", path) from None
 
-    def _open_file(self, full: str) -> int:
-        """``os.open`` for reading, without an access-time update where allowed."""
+    def _open_without_atime(self, opener: Callable[[str, int], int], target: str) -> int:
+        """``opener(target, flags)`` for reading, with ``O_NOATIME`` where the kernel
+        allows it. It needs the file's owner: once a plain open succeeds where it was
+        refused (EPERM), this store stops asking for it."""
         if self._noatime:
             try:
-                return os.open(full, _READ_FLAGS | _NOATIME)
+                return opener(target, _READ_FLAGS | _NOATIME)
             except PermissionError:
-                self._noatime = False  # not our file: never ask again
-        return os.open(full, _READ_FLAGS)
+                fd = opener(target, _READ_FLAGS)  # raises if EPERM was not O_NOATIME's
+                self._noatime = False
+                return fd
+        return opener(target, _READ_FLAGS)
 
     def _cache(self, path: str, entry: _Cached) -> None:
         """Hold ``entry`` for ``path``, evicting the oldest entries to stay in budget."""
@@ -626,8 +624,8 @@ class Store:
 # --------------------------------------------------------------------- functions
 
 
-def _beneath_opener(root: str) -> Callable[[str], int] | None:
-    """``open(path)`` for paths relative to ``root`` through Linux's ``openat2`` with
+def _beneath_opener(root: str) -> Callable[[str, int], int] | None:
+    """``open(path, flags)`` for paths relative to ``root`` through Linux's ``openat2`` with
     ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``: the kernel refuses (EXDEV, ELOOP) any
     resolution that leaves ``root`` or meets a symlink. None where ``openat2`` is
     not available (not Linux, no libc to call it through)."""
@@ -647,24 +645,19 @@ def _beneath_opener(root: str) -> Callable[[str], int] | None:
                     ("resolve", ctypes.c_uint64))  # fmt: skip
 
     resolve = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS
-    plain = OpenHow(_READ_FLAGS, 0, resolve)
-    plain_ref, how_size = ctypes.byref(plain), ctypes.sizeof(plain)
-    hows = [ctypes.byref(OpenHow(_READ_FLAGS | _NOATIME, 0, resolve))]  # until refused
+    hows = {  # by open flags: the two the store uses, built once
+        flags: OpenHow(flags, 0, resolve) for flags in (_READ_FLAGS, _READ_FLAGS | _NOATIME)
+    }
+    refs = {flags: ctypes.byref(how) for flags, how in hows.items()}
+    how_size = ctypes.sizeof(OpenHow)
     root_fd = os.open(root, _DIR_FLAGS)  # held for the store's life, like its root
     get_errno = ctypes.get_errno
 
-    def openat2(path: str) -> int:
-        encoded = path.encode()
-        fd: int = syscall(_SYS_OPENAT2, root_fd, encoded, hows[0], how_size)
+    def openat2(path: str, flags: int) -> int:
+        fd: int = syscall(_SYS_OPENAT2, root_fd, path.encode(), refs[flags], how_size)
         if fd < 0:
             code = get_errno()
-            if code == errno.EPERM and hows[0] is not plain_ref:  # O_NOATIME: not our file
-                fd = syscall(_SYS_OPENAT2, root_fd, encoded, plain_ref, how_size)
-                if fd >= 0:
-                    hows[0] = plain_ref
-                    return fd
-                code = get_errno()
-            raise OSError(code, os.strerror(code), path)
+            raise OSError(code, os.strerror(code), path)  # EPERM makes a PermissionError
         return fd
 
     weakref.finalize(openat2, os.close, root_fd)

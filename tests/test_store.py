@@ -496,16 +496,16 @@ def opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(os, "open", counting_open)
     real_beneath = store_mod._beneath_opener
 
-    def counting_beneath(root: str) -> Callable[[str], int] | None:
+    def counting_beneath(root: str) -> Callable[[str, int], int] | None:
         before = len(seen)
         inner = real_beneath(root)
         del seen[before:]  # the root's own descriptor, opened once per store
         if inner is None:
             return None
 
-        def counting_openat2(path: str) -> int:
+        def counting_openat2(path: str, flags: int) -> int:
             seen.append(path)
-            return inner(path)
+            return inner(path, flags)
 
         return counting_openat2
 
@@ -770,7 +770,7 @@ def test_reads_are_confined_to_the_root_by_the_kernel_where_openat2_exists(
     os.symlink(tmp_path / "outside", root / "escape")
     os.symlink("d", root / "alias")
     with pytest.raises(OSError) as refused:
-        s._openat2("escape/secret")
+        s._openat2("escape/secret", store_mod._READ_FLAGS)
     assert refused.value.errno in (errno.EXDEV, errno.ELOOP)
     with pytest.raises(BadPath):
         s.read("escape/secret")
