@@ -235,9 +235,10 @@ class Store:
         )
         self._time_ns: Callable[[], int] = time_ns  # the wall clock (a seam for tests)
         # Reads whose descriptor is still open and whose data is not yet cached: settle()
-        self._unsettled: list[tuple[int, str, _Cached | None]] = []
+        # (fd, path, fstat, data, when the open began or None if not cacheable)
+        self._unsettled: list[tuple[int, str, os.stat_result, bytes, int | None]] = []
         self._openat2: Callable[[str, int], int] | None = _beneath_opener(real)
-        self._noatime = bool(_NOATIME)
+        self._read_flags = _READ_FLAGS | _NOATIME  # until O_NOATIME is refused
         self.recover()
 
     # ------------------------------------------------------------------ public
@@ -287,7 +288,17 @@ class Store:
                     return entry.version, entry.data
             self._uncache(path, entry)
         started = self._time_ns()  # before the open: see "Content cache" above
-        fd, landed_plainly = self._open_for_read(path)
+        fd = -1
+        openat2 = self._openat2
+        if openat2 is not None and _plainly_relative(path):  # the hot path, written out
+            try:
+                fd = openat2(path, self._read_flags)
+            except OSError:  # the general way below decides (and remembers what is missing)
+                fd = -1
+        if fd >= 0:
+            landed_plainly = True
+        else:
+            fd, landed_plainly = self._open_for_read(path)
         try:
             st = os.fstat(fd)
             if not stat_mod.S_ISREG(st.st_mode):
@@ -308,13 +319,8 @@ class Store:
             if isinstance(exc, OSError):
                 raise _translate(exc, "read", path) from None
             raise
-        cacheable = (
-            landed_plainly
-            and size <= self._content_entry_max
-            and st.st_ctime_ns <= started - _RACY_NS
-            and len(data) == size
-        )
-        self._unsettled.append((fd, path, _Cached(_key(st), data) if cacheable else None))
+        # Whether to cache it is settle()'s business, off the reply's critical path.
+        self._unsettled.append((fd, path, st, data, started if landed_plainly else None))
         return st.st_mtime_ns, data
 
     def settle(self) -> None:
@@ -323,11 +329,16 @@ class Store:
         neither is on a reply's critical path; the next :meth:`read` does it first
         anyway, so at most one batch of descriptors is ever left open."""
         unsettled, self._unsettled = self._unsettled, []
-        for fd, path, entry in unsettled:
+        for fd, path, st, data, started in unsettled:
             with suppress(OSError):
                 os.close(fd)
-            if entry is not None:
-                self._cache(path, entry)
+            if (
+                started is not None  # it landed at root/path itself
+                and len(data) <= self._content_entry_max
+                and st.st_ctime_ns <= started - _RACY_NS
+                and len(data) == st.st_size
+            ):
+                self._cache(path, _Cached(_key(st), data))
 
     def stat(self, path: str) -> tuple[int, int, bool]:
         """``(version, size, is_dir)``; a directory's version is its mtime, its size 0."""
@@ -495,14 +506,15 @@ class Store:
         """``opener(target, flags)`` for reading, with ``O_NOATIME`` where the kernel
         allows it. It needs the file's owner: once a plain open succeeds where it was
         refused (EPERM), this store stops asking for it."""
-        if self._noatime:
-            try:
-                return opener(target, _READ_FLAGS | _NOATIME)
-            except PermissionError:
-                fd = opener(target, _READ_FLAGS)  # raises if EPERM was not O_NOATIME's
-                self._noatime = False
-                return fd
-        return opener(target, _READ_FLAGS)
+        flags = self._read_flags
+        try:
+            return opener(target, flags)
+        except PermissionError:
+            if flags == _READ_FLAGS:
+                raise
+            fd = opener(target, _READ_FLAGS)  # raises if EPERM was not O_NOATIME's
+            self._read_flags = _READ_FLAGS
+            return fd
 
     def _cache(self, path: str, entry: _Cached) -> None:
         """Hold ``entry`` for ``path``, evicting the oldest entries to stay in budget."""
