@@ -230,11 +230,18 @@ class LeaseTable:
     # ------------------------------------------------------------ events
     def read(self, op: OpId, holder: HolderId, path: str, now: float) -> list[Effect]:
         """A read (or a not-modified revalidation) of ``path`` by ``holder``."""
+        term = self.read_at_once(op, holder, path, now)
+        return [] if term is None else [Grant(op, holder, path, term)]
+
+    def read_at_once(self, op: OpId, holder: HolderId, path: str, now: float) -> float | None:
+        """:meth:`read` without building its effect, for the server's hot path: the
+        term of the lease if the read is granted now (what ``[Grant(...)]`` says), or
+        None if it is queued behind a write (a :class:`Grant` effect comes later)."""
         queue = self._queues.get(path)
         if queue is not None:
             queue.append(_Op(op, holder, path, is_write=False, arrived=now))
-            return []
-        return [self._grant(op, holder, path, now)]
+            return None
+        return self._lease(holder, path, now)
 
     def extend(
         self, holder: HolderId, paths: Iterable[tuple[str, bool]], now: float
@@ -335,8 +342,14 @@ class LeaseTable:
         """Record a lease of the policy's term for ``holder`` on ``path``; return the term."""
         term = self.policy.term(path, now)
         if term > 0:
-            self._leases.setdefault(path, {})[holder] = now + term
-            self._held.setdefault(holder, set()).add(path)
+            holders = self._leases.get(path)
+            if holders is None:
+                holders = self._leases[path] = {}
+            holders[holder] = now + term
+            held = self._held.get(holder)
+            if held is None:
+                held = self._held[holder] = set()
+            held.add(path)
             heapq.heappush(self._purge_heap, (now + term + self.skew, path, holder))
             self.leases_granted += 1
         return term
