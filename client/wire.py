@@ -95,28 +95,25 @@ class SocketWire:
             raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
         return self._view[:count]
 
-    async def send_all(self, data: bytes) -> None:
+    def send_now(self, data: bytes | memoryview) -> int:
+        """Write what the kernel takes now, without waiting: how many bytes that was."""
         if self.closed:
             raise trio.ClosedResourceError("connection was closed")
         try:
-            sent = os.write(self.fd, data)
+            return os.write(self.fd, data)
         except BlockingIOError:
-            sent = 0
+            return 0
         except OSError as exc:
             raise trio.BrokenResourceError(f"send failed: {exc}") from exc
+
+    async def send_all(self, data: bytes) -> None:
+        sent = self.send_now(data)
         if sent == len(data):
             return
         view = memoryview(data)
         while sent < len(data):
             await trio.lowlevel.wait_writable(self.fd)
-            if self.closed:
-                raise trio.ClosedResourceError("connection was closed")
-            try:
-                sent += os.write(self.fd, view[sent:])
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"send failed: {exc}") from exc
+            sent += self.send_now(view[sent:])
 
     async def aclose(self) -> None:
         if not self.closed:

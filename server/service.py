@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 import trio
 
 from fscache import protocol as p
-from fscache.client.wire import Wire, wire_for
+from fscache.client.wire import SocketWire, Wire, wire_for
 from fscache.errors import FscacheError, ProtocolError, TooLarge
 from fscache.leases import (
     DEFAULT_SKEW,
@@ -171,6 +171,8 @@ class Outbox:
     def __init__(self, wire: Wire, limit: int) -> None:
         self.wire = wire
         self.limit = limit
+        # Writes without waiting (plain TCP): replies to a batch leave with no await.
+        self._send_now = wire.send_now if isinstance(wire, SocketWire) else None
         self.send_started: float | None = None  # when the send under way began
         self._frames: deque[bytes] = deque()
         self.nbytes = 0
@@ -203,6 +205,26 @@ class Outbox:
             self.send_started = None
         if self._frames:
             self._ready.set()
+
+    def flush_now(self) -> bool:
+        """Write what is queued as far as the kernel takes it now, unless a send is
+        under way. True if nothing is left for :meth:`flush` to do."""
+        self.batching = False
+        frames = self._frames
+        if not frames or self._sending:
+            return True
+        if self._send_now is None:
+            return False
+        data = frames.popleft() if len(frames) == 1 else b"".join(frames)
+        sent = self._send_now(data)
+        if sent == len(data):
+            frames.clear()
+            self.nbytes = 0
+            return True
+        frames.clear()  # the rest goes first, by flush()
+        frames.append(data[sent:])
+        self.nbytes = len(data) - sent
+        return False
 
     async def flush(self) -> None:
         """Send what is queued now, from the calling task, unless a send is under way
@@ -479,7 +501,7 @@ class FileService:
             received_with_hello = False
             outbox.batching = True
             try:
-                for message in decoder:
+                while (message := decoder.next_message()) is not None:
                     self._dispatch(connection, message)
                     if connection.goodbye:
                         return
@@ -490,21 +512,23 @@ class FileService:
                 return
             finally:
                 outbox.batching = False
-            self._deadline_may_have_moved()  # once per batch: the reads' new leases
-            await outbox.flush()
+            sent = outbox.flush_now()  # the replies first, the bookkeeping after
+            self._deadline_may_have_moved()  # once per batch, for the reads' new leases
+            if not sent:
+                await outbox.flush()
             self.store.settle()  # close and cache what the batch read, now the replies are out
 
     # ------------------------------------------------------------ requests
     def _dispatch(self, connection: Connection, message: p.Message) -> None:
         self.counters["messages_in"] += 1
         handler = self._handlers.get(type(message))
-        request_id = getattr(message, "id", None)
         if handler is None:
             raise ProtocolError(f"{message.TYPE} is not a request a client may send")
         try:
             handler(self, connection, message)
         except FscacheError as exc:
             self.counters["errors"] += 1
+            request_id = getattr(message, "id", None)
             if request_id is None:
                 raise ProtocolError(str(exc)) from None
             connection.send(p.Error(id=request_id, code=exc.code, message=str(exc)))
@@ -517,11 +541,9 @@ class FileService:
         self.counters["reads"] += 1
         path = normalize(message.path)
         op = self._new_op()
-        effects = self.table.read(op, connection.holder, path, self.clock())
-        if effects:  # granted at once, the common case: [Grant(op)]
-            [grant] = effects
-            assert isinstance(grant, Grant)
-            self._serve_read(grant, connection, message)
+        term = self.table.read_at_once(op, connection.holder, path, self.clock())
+        if term is not None:  # granted at once, the common case
+            self._serve_read(connection, message, path, term)
         else:  # queued behind a write: served by _execute when granted
             self._pending[op] = _Pending(connection, message)
         # The lease may sweep earlier than the timer is set for: the receive loop
@@ -606,7 +628,7 @@ class FileService:
             if isinstance(effect, Grant):
                 pending = self._pending.pop(effect.op)
                 assert isinstance(pending.request, p.Read)
-                self._serve_read(effect, pending.connection, pending.request)
+                self._serve_read(pending.connection, pending.request, effect.path, effect.term)
             elif isinstance(effect, SendApprovalRequest):
                 connection = self.connections.get(effect.holder)
                 if connection is not None:
@@ -628,20 +650,21 @@ class FileService:
                 self._pending.pop(effect.op, None)
         self._deadline_may_have_moved()  # even with no effects: a write may now wait
 
-    def _serve_read(self, grant: Grant, connection: Connection, request: p.Read) -> None:
+    def _serve_read(self, connection: Connection, request: p.Read, path: str, term: float) -> None:
+        """Answer a granted read of ``path`` (its lease: ``term``)."""
         try:
-            version, data = self.store.read(grant.path)
+            version, data = self.store.read(path)
         except FscacheError as exc:
             self.counters["errors"] += 1
             connection.send(p.Error(id=request.id, code=exc.code, message=str(exc)))
-            if grant.term > 0:  # no file, no lease
-                self._execute(self.table.relinquish(grant.holder, [grant.path], self.clock()))
+            if term > 0:  # no file, no lease
+                self._execute(self.table.relinquish(connection.holder, [path], self.clock()))
             return
         if request.have == version:
             self.counters["reads_not_modified"] += 1
-            connection.send(p.NotModified(id=request.id, version=version, term=grant.term))
+            connection.send(p.NotModified(id=request.id, version=version, term=term))
         else:
-            connection.send_frame(p.data_frame(request.id, version, grant.term, data))
+            connection.send_frame(p.data_frame(request.id, version, term, data))
 
     async def _apply_write(self, effect: ApplyWrite) -> None:
         pending = self._pending[effect.op]
