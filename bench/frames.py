@@ -60,7 +60,3 @@ class FrameConnection:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
-
-
-def read_frame(request_id: int, path: str) -> bytes:
-    return p.encode(p.Read(id=request_id, path=path))

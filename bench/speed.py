@@ -45,8 +45,9 @@ from typing import Any
 
 import trio
 
-from fscache.bench.frames import FrameConnection, read_frame
+from fscache.bench.frames import FrameConnection
 from fscache.bench.harness import ServerProcess, echo_server, fscache_server
+from fscache.protocol import read_frame
 
 FILE_SIZE = 64  # bytes: "a small file"
 LONG_TERM = 600.0  # leases that outlive the measurement: every warm read is a hit

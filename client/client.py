@@ -83,9 +83,10 @@ class _Request:
     """One request waiting for its reply."""
 
     path: str = ""
-    message: p.Message | None = None  # built with its id as it is sent
+    message: p.Message | None = None  # built with its id as it is sent (not for reads)
     sent_at: float = 0.0
-    data: bytes = b""  # a revalidating read: the cached data of the version it names
+    have: int | None = None  # a revalidating read: the version it names ...
+    data: bytes = b""  # ... and the cached data of that version
     id: int = 0
     reply: p.Message | None = None
     error: BaseException | None = None
@@ -163,10 +164,12 @@ class _Link:
         self.broken = False
 
     async def send(self, message: p.Message) -> None:
+        await self.send_frame(p.encode(message))
+
+    async def send_frame(self, frame: bytes) -> None:
         """Send one frame. Uncontended, this does not yield at all on plain TCP (the
         wait for the reply is the request's checkpoint) and only inside send_all
         otherwise (a lock's acquire would add a pass through the scheduler)."""
-        frame = p.encode(message)
         while self._sending:
             await self._send_turn.park()
         self._sending = True
@@ -381,16 +384,16 @@ class Client:
                 return self._read_result(shared)
             return await self._read_miss(path)  # its sender was cancelled: ask ourselves
         request = _Request(path)
-        have = None
         if entry is not None:  # revalidate it: an unchanged file costs no data
-            have = entry.version
+            request.have = entry.version
             request.data = entry.data
         self._inflight[path] = request
         try:
             link = self._link
             if link is None or link.broken or self._closing:
                 link = await self._current_link()
-            await self._send_request(link, request, lambda i: p.Read(id=i, path=path, have=have))
+            have = request.have
+            await self._send_request(link, request, lambda i: p.read_frame(i, path, have))
         except BaseException as exc:
             if not request.finished:
                 request.error = exc
@@ -426,19 +429,26 @@ class Client:
         return request
 
     async def _send_request(
-        self, link: _Link, request: _Request, make: Callable[[int], p.Message]
+        self, link: _Link, request: _Request, make: Callable[[int], p.Message | bytes]
     ) -> None:
-        """Send, wait for the reply (the reader fills it in), raise the server's error."""
+        """Send what ``make`` builds for the request's id (a message, or a read's frame),
+        wait for the reply (the reader fills it in), raise the server's error."""
         self._next_id += 1
         request_id = self._next_id
-        request.message = message = make(request_id)
+        built = make(request_id)
+        if type(built) is bytes:
+            frame = built
+        else:
+            assert isinstance(built, p.Message)
+            request.message = built
+            frame = p.encode(built)
         request.id = request_id
         request.sent_at = self._clock()
         if not link.waiting:
             link.last_heard = request.sent_at  # silence is measured from the first request
         link.waiting[request_id] = request
         try:
-            await link.send(message)
+            await link.send_frame(frame)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             link.waiting.pop(request_id, None)
             self._link_lost(link)
@@ -588,7 +598,7 @@ class Client:
                 )
         elif isinstance(reply, p.NotModified):
             self._counters["not_modified"] += 1
-            if not isinstance(sent, p.Read) or sent.have != reply.version:
+            if request.have != reply.version:  # also None: not a revalidating read
                 request.reply = None  # a server bug; fail safe rather than guess
                 request.error = ProtocolError("not-modified for a version not asked about")
             elif may_cache:

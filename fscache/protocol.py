@@ -576,6 +576,13 @@ def data_frame(id: int, version: int, term: float, data: bytes) -> bytes:
     return _pack(len(payload)) + payload
 
 
+def read_frame(id: int, path: str, have: int | None = None) -> bytes:
+    """``encode(Read(id=id, path=path, have=have))`` without building the message
+    first: the client's request on every miss."""
+    payload = _dumps({"t": "read", "id": id, "path": path, "have": have})
+    return _pack(len(payload)) + payload
+
+
 _dumps = cbor2.dumps
 _pack = HEADER.pack
 _BytesIO = io.BytesIO

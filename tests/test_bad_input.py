@@ -13,6 +13,7 @@ import struct
 import cbor2
 import pytest
 import trio
+import trio.testing
 
 import fscache
 from fscache import protocol as p
@@ -175,3 +176,39 @@ async def test_a_bad_frame_in_the_hellos_packet_gets_the_same_typed_error(cluste
     assert isinstance(replies[1], p.Error) and replies[1].code == "protocol"
     assert cluster.service.stats()["protocol_errors"] == 1
     await assert_service_unharmed(cluster)
+
+
+async def test_a_not_modified_reply_for_a_version_not_asked_about_is_refused(nursery):
+    """A server that answers a plain read with not-modified (a bug, or not a server)
+    gets a ProtocolError for that read, and the client caches nothing from it."""
+    client_side, server_side = trio.testing.memory_stream_pair()
+    decoder = p.FrameDecoder()
+
+    async def receive() -> p.Message:
+        while (message := decoder.next_message()) is None:
+            decoder.feed(await server_side.receive_some())
+        return message
+
+    async def play_server() -> None:
+        assert isinstance(await receive(), p.Hello)
+        welcome = p.Welcome(version=p.PROTOCOL_VERSION, epoch="e", term=10.0, skew=0.1,
+                            max_frame=p.DEFAULT_MAX_FRAME)  # fmt: skip
+        await server_side.send_all(p.encode(welcome))
+        read = await receive()
+        assert isinstance(read, p.Read) and read.have is None
+        await server_side.send_all(p.encode(p.NotModified(id=read.id, version=7, term=10.0)))
+        read = await receive()  # asked again: now a proper answer
+        assert isinstance(read, p.Read) and read.have is None
+        await server_side.send_all(p.encode(p.Data(id=read.id, version=8, term=10.0, data=b"ok")))
+
+    nursery.start_soon(play_server)
+
+    async def opener() -> trio.abc.Stream:
+        return client_side
+
+    async with fscache.open_client(opener=opener, client_id="c", clock=trio.current_time) as c:
+        with pytest.raises(fscache.ProtocolError, match="not asked about"):
+            await c.read("f")
+        assert c.leased("f") is None
+        assert await c.read("f") == b"ok"
+        assert c.leased("f") is not None

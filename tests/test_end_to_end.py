@@ -17,8 +17,9 @@ import pytest
 import trio
 
 import fscache
-from fscache.bench.frames import FrameConnection, read_frame
+from fscache.bench.frames import FrameConnection
 from fscache.cli import parse_serving_line
+from fscache.protocol import read_frame
 from fscache.server.service import ServerSettings, serve
 from fscache.tls import client_context, make_certs
 

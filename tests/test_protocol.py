@@ -40,6 +40,7 @@ from fscache.protocol import (
     data_frame,
     decode_message,
     encode,
+    read_frame,
 )
 
 ALL_MESSAGES = CLIENT_MESSAGES + SERVER_MESSAGES
@@ -497,3 +498,8 @@ def test_data_frame_is_the_encoding_of_a_data_message(
 ) -> None:
     frame = data_frame(id, version, term, data)
     assert frame == encode(Data(id=id, version=version, term=term, data=data))
+
+
+@given(id=st.integers(0, 2**63), path=st.text(max_size=50), have=st.none() | st.integers(0, 2**63))
+def test_read_frame_is_the_encoding_of_a_read_message(id: int, path: str, have: int | None) -> None:
+    assert read_frame(id, path, have) == encode(Read(id=id, path=path, have=have))
