@@ -10,7 +10,6 @@ directory is meant (``allow_root=True``).
 
 from __future__ import annotations
 
-import functools
 import re
 
 from fscache.errors import BadPath
@@ -30,18 +29,16 @@ _ALREADY_NORMAL = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*")
 
 def normalize(path: object, *, allow_root: bool = False) -> str:
     """The normal form of ``path``, or :class:`BadPath` saying what is wrong with it."""
-    if type(path) is not str:
-        if isinstance(path, str):  # a str subclass: judge its plain value
-            return _normalize(str(path), allow_root)
-        raise BadPath(f"path must be a string, not {type(path).__name__}")
-    return _normalize(path, allow_root)
+    if type(path) is str:
+        if len(path) <= MAX_PATH_BYTES and _already_normal(path):  # one regex match
+            return path
+        return _normalize_by_rules(path, allow_root)
+    if isinstance(path, str):  # a str subclass: judge its plain value
+        return normalize(str(path), allow_root=allow_root)
+    raise BadPath(f"path must be a string, not {type(path).__name__}")
 
 
-@functools.lru_cache(maxsize=4096)  # servers see the same paths again and again
-def _normalize(path: str, allow_root: bool) -> str:
-    if len(path) <= MAX_PATH_BYTES and _ALREADY_NORMAL.fullmatch(path):
-        return path
-    return _normalize_by_rules(path, allow_root)
+_already_normal = _ALREADY_NORMAL.fullmatch
 
 
 def _normalize_by_rules(path: str, allow_root: bool) -> str:
