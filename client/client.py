@@ -563,18 +563,18 @@ class Client:
     def _on_message(self, link: _Link, message: p.Message) -> None:
         """Apply one server frame, in arrival order."""
         link.last_heard = self._clock()
-        if isinstance(message, p.ApprovalRequest):
+        if type(message) is p.ApprovalRequest:
             self._cache.drop(message.path)  # drop first ...
             self._inflight.pop(message.path, None)  # (no new reader joins an older answer)
             self._counters["approvals"] += 1
             self._nursery_start(self._approve, link, message)  # ... then approve
             return
-        if isinstance(message, p.Error) and message.id is None:
+        if type(message) is p.Error and message.id is None:
             raise error_for_code(message.code, message.message)
         request_id = getattr(message, "id", None)
         request = link.waiting.pop(request_id, None) if request_id is not None else None
         if request is not None:
-            if isinstance(message, p.Error):
+            if type(message) is p.Error:
                 request.error = error_for_code(message.code, message.message)
             else:
                 request.reply = message
