@@ -634,8 +634,8 @@ _WRITE = {
 
 
 def _framer(cls: type[Message], fields: _Fields) -> Callable[..., bytes]:
-    """``frame(field, ...)``: the frame of ``cls(field=..., ...)``, as :func:`_encoder`
-    would write it, without building the message. Its source is its docstring."""
+    """``frame(field, ...)``: the frame of ``cls(field=..., ...)``, byte for byte what
+    cbor2 writes for it, without building the message. Its source is its docstring."""
     params = ", ".join(
         f"{name}=None" if f.default is None else name
         for (name, _, _), f in zip(fields, dataclasses.fields(cls), strict=True)
