@@ -71,20 +71,15 @@ class LeaseCache:
     def store(self, path: str, data: bytes, version: int, term: float, sent_at: float) -> list[str]:
         """Cache ``data`` under a lease of ``term`` granted to a request sent at
         ``sent_at``. Returns the paths evicted to make room (relinquish them)."""
-        entries = self.entries
-        old = entries.get(path)
+        old = self.entries.get(path)
         if old is not None and old.version > version:
             return []  # a newer version is cached already: never go back
-        expiry = sent_at + term - self.skew  # as expiry_for
+        expiry = self.expiry_for(term, sent_at)
         if expiry <= sent_at or len(data) > self.max_bytes:
             self.drop(path)  # term too short to trust (or data too big): do not cache
             return [path] if old is not None else []
-        if old is not None:
-            del entries[path]
-            self.nbytes -= len(old.data)
-        entries[path] = Entry(data, version, expiry)
-        self.nbytes += len(data)
-        return self._evict(keep=path) if self.nbytes > self.max_bytes else []
+        self._put(path, Entry(data, version, expiry))
+        return self._evict(keep=path)
 
     def extend(self, path: str, version: int, term: float, sent_at: float) -> bool:
         """A not-modified or extension reply for ``version``: push the expiry on."""
