@@ -288,17 +288,7 @@ class Store:
                     return entry.version, entry.data
             self._uncache(path, entry)
         started = self._time_ns()  # before the open: see "Content cache" above
-        fd = -1
-        openat2 = self._openat2
-        if openat2 is not None and _plainly_relative(path):  # the hot path, written out
-            try:
-                fd = openat2(path, self._read_flags)
-            except OSError:  # the general way below decides (and remembers what is missing)
-                fd = -1
-        if fd >= 0:
-            landed_plainly = True
-        else:
-            fd, landed_plainly = self._open_for_read(path)
+        fd, landed_plainly = self._open_for_read(path)
         try:
             st = os.fstat(fd)
             if not stat_mod.S_ISREG(st.st_mode):
