@@ -191,13 +191,18 @@ class Outbox:
             self._ready.set()
         return self.nbytes <= self.limit
 
+    def _take(self) -> bytes:
+        """Everything queued, as one buffer (one send for many replies)."""
+        frames = self._frames
+        data = frames.popleft() if len(frames) == 1 else b"".join(frames)
+        frames.clear()
+        self.nbytes = 0
+        return data
+
     async def _send_queued(self) -> None:
         self._sending = True
         try:
-            frames = self._frames
-            data = frames.popleft() if len(frames) == 1 else b"".join(frames)
-            frames.clear()
-            self.nbytes = 0
+            data = self._take()
             self.send_started = trio.current_time()
             await self.wire.send_all(data)
         finally:
@@ -210,19 +215,15 @@ class Outbox:
         """Write what is queued as far as the kernel takes it now, unless a send is
         under way. True if nothing is left for :meth:`flush` to do."""
         self.batching = False
-        frames = self._frames
-        if not frames or self._sending:
+        if not self._frames or self._sending:
             return True
         if self._send_now is None:
             return False
-        data = frames.popleft() if len(frames) == 1 else b"".join(frames)
+        data = self._take()
         sent = self._send_now(data)
         if sent == len(data):
-            frames.clear()
-            self.nbytes = 0
             return True
-        frames.clear()  # the rest goes first, by flush()
-        frames.append(data[sent:])
+        self._frames.append(data[sent:])  # the rest, alone in the queue: it goes first
         self.nbytes = len(data) - sent
         return False
 
