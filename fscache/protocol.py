@@ -544,6 +544,14 @@ def _fast_check(cls: type[Message]) -> FastCheck:
     return check
 
 
+def _by_cbor2(cls: type[Message], prefix: str) -> list[str]:
+    """Lines that return the frame of ``cls`` written by cbor2: a literal map of "t" and
+    then the fields in class order, each field's value in ``{prefix}{name}``."""
+    fields = (f"{f.name!r}: {prefix}{f.name}" for f in dataclasses.fields(cls))
+    items = ", ".join([f'"t": {cls.TYPE!r}', *fields])
+    return [f"payload = _dumps({{{items}}})", "return _pack(len(payload)) + payload"]
+
+
 def _encoder(cls: type[Message]) -> Callable[[Any], bytes]:
     """The encoder for ``cls``: its framer (below) if it has one, else a literal map and
     one ``cbor2.dumps``. Its source is its docstring."""
@@ -553,12 +561,7 @@ def _encoder(cls: type[Message]) -> Callable[[Any], bytes]:
         source = f"def encode(m):\n    return _frame({fields})\n"
         by_framer: Callable[[Any], bytes] = _compile(source, "encode", {"_frame": framer})
         return by_framer
-    items = [f'"t": {cls.TYPE!r}', *(f"{f.name!r}: m.{f.name}" for f in dataclasses.fields(cls))]
-    source = (
-        "def encode(m):\n"
-        f"    payload = _dumps({{{', '.join(items)}}})\n"
-        "    return _pack(len(payload)) + payload\n"
-    )
+    source = "def encode(m):\n" + "".join(f"    {line}\n" for line in _by_cbor2(cls, "m."))
     encode: Callable[[Any], bytes] = _compile(
         source, "encode", {"_dumps": cbor2.dumps, "_pack": HEADER.pack}
     )
@@ -576,7 +579,6 @@ def _encoder(cls: type[Message]) -> Callable[[Any], bytes]:
 # integer, a half-precision float, bad UTF-8, ...) goes to cbor2 and the generated
 # checker: the fast reader returns None, the fast writer calls cbor2. The tests hold
 # both to cbor2 and to the reference decoder, byte for byte and value for value.
-_SCALARS = (int, float, str, bytes, bool)
 _ONE_BYTE = [bytes((i,)) for i in range(256)]
 _pack_BB = struct.Struct(">BB").pack
 _pack_BH = struct.Struct(">BH").pack
@@ -611,7 +613,7 @@ def _scalar_fields(cls: type[Message]) -> _Fields | None:
         annotation = hints[field.name]
         inner = _nullable(annotation)
         kind = inner if inner is not None else annotation
-        if kind not in _SCALARS:
+        if kind not in _SIMPLE:
             return None
         fields.append((field.name, kind, inner is not None))
     return fields
@@ -640,7 +642,6 @@ def _framer(cls: type[Message], fields: _Fields) -> Callable[..., bytes]:
         f"{name}=None" if f.default is None else name
         for (name, _, _), f in zip(fields, dataclasses.fields(cls), strict=True)
     )
-    slow = ", ".join([f'"t": {cls.TYPE!r}', *(f"{name!r}: {name}" for name, _, _ in fields)])
     lines = []
     parts = ["_PREFIX"]
     for name, kind, nullable in fields:
@@ -663,8 +664,7 @@ def _framer(cls: type[Message], fields: _Fields) -> Callable[..., bytes]:
     lines = [line.replace("_slow()", f"_slow({names})") for line in lines]
     body = [
         f"def _slow({names}):",
-        f"    payload = _dumps({{{slow}}})",
-        "    return _pack(len(payload)) + payload",
+        *(f"    {line}" for line in _by_cbor2(cls, "")),
         "",
         f"def frame({params}):",
         *(f"    {line}" for line in lines),
