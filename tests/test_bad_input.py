@@ -182,24 +182,18 @@ async def test_a_not_modified_reply_for_a_version_not_asked_about_is_refused(nur
     """A server that answers a plain read with not-modified (a bug, or not a server)
     gets a ProtocolError for that read, and the client caches nothing from it."""
     client_side, server_side = trio.testing.memory_stream_pair()
-    decoder = p.FrameDecoder()
-
-    async def receive() -> p.Message:
-        while (message := decoder.next_message()) is None:
-            decoder.feed(await server_side.receive_some())
-        return message
+    server = RawPeer(server_side)  # the test plays the server
 
     async def play_server() -> None:
-        assert isinstance(await receive(), p.Hello)
-        welcome = p.Welcome(version=p.PROTOCOL_VERSION, epoch="e", term=10.0, skew=0.1,
-                            max_frame=p.DEFAULT_MAX_FRAME)  # fmt: skip
-        await server_side.send_all(p.encode(welcome))
-        read = await receive()
+        assert isinstance(await server.receive(), p.Hello)
+        await server.send(p.Welcome(version=p.PROTOCOL_VERSION, epoch="e", term=10.0,
+                                    skew=0.1, max_frame=p.DEFAULT_MAX_FRAME))  # fmt: skip
+        read = await server.receive()
         assert isinstance(read, p.Read) and read.have is None
-        await server_side.send_all(p.encode(p.NotModified(id=read.id, version=7, term=10.0)))
-        read = await receive()  # asked again: now a proper answer
+        await server.send(p.NotModified(id=read.id, version=7, term=10.0))
+        read = await server.receive()  # asked again: now a proper answer
         assert isinstance(read, p.Read) and read.have is None
-        await server_side.send_all(p.encode(p.Data(id=read.id, version=8, term=10.0, data=b"ok")))
+        await server.send(p.Data(id=read.id, version=8, term=10.0, data=b"ok"))
 
     nursery.start_soon(play_server)
 

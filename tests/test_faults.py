@@ -44,6 +44,7 @@ from fscache.server.service import FileService, ServerSettings, serve
 from fscache.server.store import TEMP_PREFIX
 
 from .faultproxy import FaultProxy, open_fault_proxy
+from .harness import RawPeer
 
 pytestmark = pytest.mark.slow
 
@@ -100,27 +101,6 @@ async def timed(fn: Callable[[], Awaitable[object]]) -> tuple[float, float, obje
     except fscache.FscacheError as exc:
         result = exc
     return start, time.monotonic(), result
-
-
-class RawPeer:
-    """A client that speaks frames by hand over a real socket and reads only when told:
-    stop calling :meth:`receive` and it is a hung client whose kernel still accepts
-    the server's bytes."""
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.decoder = p.FrameDecoder()
-
-    async def send(self, message: p.Message) -> None:
-        await self.stream.send_all(p.encode(message))
-
-    async def receive(self) -> p.Message:
-        while (message := self.decoder.next_message()) is None:
-            data = await self.stream.receive_some(65536)
-            if not data:
-                raise EOFError("the server closed the connection")
-            self.decoder.feed(data)
-        return message
 
 
 @contextlib.asynccontextmanager
