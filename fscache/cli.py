@@ -106,22 +106,27 @@ def build_parser() -> argparse.ArgumentParser:
     crash.add_argument("--skew", type=_number, default=0.1, help="skew allowance, seconds")
     crash.add_argument("--clients", type=_count, default=3, help="reader processes (>= 2)")
 
-    sub.add_parser("bench", help="the read/write workload benchmark (fscache bench --help)")
+    # The benchmark parses its own options (--quick, --out ...): main hands them over.
+    sub.add_parser(
+        "bench", help="the read/write workload benchmark (fscache bench --help)", add_help=False
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # the benchmark parses its own options (--quick, --out ...)
-        from fscache.bench.workload import main as bench_main
-
-        return bench_main(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    if args.command == "bench":
+        from fscache.bench.workload import main as bench_main
+
+        return bench_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         try:
             return _COMMANDS[args.command](args)

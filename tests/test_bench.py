@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fscache import cli
 from fscache.bench import model, plots, speed, workload
 from fscache.bench.driver import (
     ClientPlan,
@@ -163,6 +164,15 @@ def test_command_line_options_override_the_preset() -> None:
     assert cfg.quick and cfg.terms == (0.0, 0.5) and cfg.clients == 4
     assert cfg.systems == ("fscache", "ttl")
     assert workload.main(["--clients", "3", "--sharing", "2"]) == 2  # refused, nothing run
+
+
+@pytest.mark.parametrize("prefix", [[], ["-v"]], ids=["bench", "-v bench"])
+def test_fscache_bench_hands_its_options_to_the_benchmark(prefix: list[str]) -> None:
+    """Options after ``bench`` are the benchmark's, whatever comes before it."""
+    assert cli.main([*prefix, "bench", "--clients", "3", "--sharing", "2"]) == 2  # refused
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*prefix, "ls", "127.0.0.1:1", "--clients", "3"])  # not ls's option
+    assert exit_.value.code == 2
 
 
 def test_values_round_trip_through_file_contents() -> None:
