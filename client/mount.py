@@ -60,10 +60,8 @@ from fscache.errors import (
     FscacheError,
     IsADirectory,
     NotFound,
-    ProtocolError,
     TooLarge,
     Unauthorized,
-    Unavailable,
 )
 from fscache.paths import MAX_PATH_BYTES, MAX_SEGMENT_BYTES, normalize
 
@@ -97,17 +95,13 @@ __all__ = ["FscacheOperations", "mount"]
 
 log = logging.getLogger("fscache.mount")
 
-# Most specific first: the first class an error is an instance of decides.
+# The first class an error is an instance of decides; any other error is EIO.
 _ERRNO: tuple[tuple[type[FscacheError], int], ...] = (
     (NotFound, errno.ENOENT),
     (BadPath, errno.EINVAL),
     (IsADirectory, errno.EISDIR),
     (TooLarge, errno.EFBIG),
-    (Unavailable, errno.EIO),
-    (Conflict, errno.EIO),
     (Unauthorized, errno.EACCES),
-    (ProtocolError, errno.EIO),
-    (FscacheError, errno.EIO),
 )
 STAT_CONCURRENCY = 32  # stat requests in flight while listing one directory
 BLOCK_SIZE = 4096
@@ -122,7 +116,7 @@ def _errno_replies() -> Iterator[None]:
     except pyfuse3.FUSEError:
         raise
     except FscacheError as exc:
-        code = next(code for kind, code in _ERRNO if isinstance(exc, kind))
+        code = next((code for kind, code in _ERRNO if isinstance(exc, kind)), errno.EIO)
         raise pyfuse3.FUSEError(code) from None
     except Exception:
         log.exception("unexpected error in a FUSE request")
@@ -217,7 +211,7 @@ class FscacheOperations(Operations):
         open_file = self._open.get(inode) if inode is not None else None
         if open_file is not None and open_file.data is not None:
             return StatResult(path, open_file.modified_ns, len(open_file.data), False)
-        leased = self._leased(path)
+        leased = self._client.leased(path)  # the lease keeps size and version current too
         if leased is not None:
             return leased
         try:
@@ -229,12 +223,6 @@ class FscacheOperations(Operations):
         if st.is_dir:
             self._local_dirs.pop(path, None)  # the server has it now
         return st
-
-    def _leased(self, path: str) -> StatResult | None:
-        """A file's attributes from the client's cache while a lease covers it: the
-        lease that keeps its data current keeps its size and version current too.
-        (The same peek at the cache that the blocking client's hot path makes.)"""
-        return self._client.leased(path)
 
     def _attributes(self, inode: int, st: StatResult) -> EntryAttributes:
         attrs = pyfuse3.EntryAttributes()
@@ -329,7 +317,8 @@ class FscacheOperations(Operations):
                     return
                 self._lookups[attrs.st_ino] += 1
 
-    async def _list(self, path: str) -> list[tuple[str, StatResult]]:
+    async def _names(self, path: str) -> list[str]:
+        """The names in directory ``path``: the server's, and directories made here."""
         try:
             names = [name.rstrip("/") for name in await self._client.listdir(path)]
         except NotFound:
@@ -341,6 +330,11 @@ class FscacheOperations(Operations):
             name = local[len(prefix) :]
             if local.startswith(prefix) and "/" not in name and name not in names:
                 names.append(name)
+        return names
+
+    async def _list(self, path: str) -> list[tuple[str, StatResult]]:
+        names = await self._names(path)
+        prefix = f"{path}/" if path else ""
         found: dict[str, StatResult] = {}
         errors: list[FscacheError] = []
         limiter = trio.CapacityLimiter(STAT_CONCURRENCY)
@@ -372,8 +366,8 @@ class FscacheOperations(Operations):
             with contextlib.suppress(NotFound):
                 await self._stat(path)
                 raise pyfuse3.FUSEError(errno.EEXIST)
-            self._local_dirs[path] = time.time_ns()
-            return self._attributes(self._remember(path), await self._stat(path))
+            made = self._local_dirs[path] = time.time_ns()
+            return self._attributes(self._remember(path), StatResult(path, made, 0, True))
 
     async def rmdir(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> None:
         with _errno_replies():
@@ -381,7 +375,7 @@ class FscacheOperations(Operations):
             st = await self._stat(path)
             if not st.is_dir:
                 raise pyfuse3.FUSEError(errno.ENOTDIR)
-            if await self._list(path):
+            if await self._names(path):  # names only: no stat per entry
                 raise pyfuse3.FUSEError(errno.ENOTEMPTY)
             if path not in self._local_dirs:
                 raise pyfuse3.FUSEError(errno.EPERM)  # fscache never removes a server directory
