@@ -57,9 +57,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from fscache.bench.harness import START_TIMEOUT, serve_argv
 from fscache.cli import parse_serving_line
-
-START_TIMEOUT = 15.0  # seconds a server may take to print its address
 
 
 # ---------------------------------------------------------------- the history
@@ -362,9 +361,7 @@ class _Nemesis:
         while True:
             out = self._output(out_path.name)
             self.server = subprocess.Popen(
-                [sys.executable, "-m", "fscache", "serve", "--root", str(self.root),
-                 "--port", str(self.port), "--term", str(self.term), "--skew", str(self.skew),
-                 "--hot-writes", "0"],
+                serve_argv(str(self.root), term=self.term, skew=self.skew, port=self.port),
                 stdout=out, stderr=out, stdin=subprocess.DEVNULL,
             )  # fmt: skip
             while time.monotonic() < deadline:

@@ -46,6 +46,7 @@ from typing import Any, ClassVar, TextIO
 
 import trio
 
+from fscache.bench.harness import serve_argv
 from fscache.cli import parse_serving_line
 from fscache.client.client import Client, open_client
 from fscache.errors import FscacheError
@@ -373,10 +374,7 @@ class _CrashDemo:
                 raise _Interrupted(signum)
 
     async def _start_server(self, nursery: trio.Nursery) -> None:
-        argv = [
-            sys.executable, "-m", "fscache", "serve", "--root", self.root, "--port", "0",
-            "--term", repr(self.term), "--skew", repr(self.skew), "--hot-writes", "0",
-        ]  # fmt: skip
+        argv = serve_argv(self.root, term=self.term, skew=self.skew)
         self.server, self.server_log = self.children.start("server", argv)
         first = trio.Event()
         nursery.start_soon(self._pump_server, first)

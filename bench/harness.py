@@ -104,16 +104,23 @@ def _echo_address(line: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+def serve_argv(
+    root: str, *, term: float, skew: float, port: int = 0, hot_writes: int = 0
+) -> list[str]:
+    """The command line that starts ``fscache serve`` in a child process."""
+    return [
+        sys.executable, "-m", "fscache", "serve", "--root", root, "--port", str(port),
+        "--term", repr(term), "--skew", repr(skew), "--hot-writes", str(hot_writes),
+    ]  # fmt: skip
+
+
 @contextlib.contextmanager
 def fscache_server(
     root: str, *, term: float, skew: float = 0.1, hot_writes: int = 0
 ) -> Iterator[ServerProcess]:
     """``fscache serve`` on a free port. ``hot_writes=0``: a fixed term, as the paper's
     model assumes."""
-    argv = [
-        sys.executable, "-m", "fscache", "serve", "--root", root, "--port", "0",
-        "--term", repr(term), "--skew", repr(skew), "--hot-writes", str(hot_writes),
-    ]  # fmt: skip
+    argv = serve_argv(root, term=term, skew=skew, hot_writes=hot_writes)
     server = _spawn("fscache", argv, parse_serving_line)
     try:
         yield server
