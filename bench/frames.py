@@ -7,7 +7,6 @@ plain ``cbor2.loads``, as the echo server does.
 
 from __future__ import annotations
 
-import struct
 import uuid
 from typing import Any
 
@@ -15,8 +14,6 @@ import cbor2
 import trio
 
 from fscache import protocol as p
-
-HEADER = struct.Struct(">I")
 
 
 class FrameConnection:
@@ -46,11 +43,11 @@ class FrameConnection:
     async def receive(self) -> Any:
         buffer = self._buffer
         while True:
-            if len(buffer) >= HEADER.size:
-                (length,) = HEADER.unpack_from(buffer)
-                end = HEADER.size + length
+            if len(buffer) >= p.HEADER.size:
+                (length,) = p.HEADER.unpack_from(buffer)
+                end = p.HEADER.size + length
                 if len(buffer) >= end:
-                    body = cbor2.loads(bytes(buffer[HEADER.size : end]))
+                    body = cbor2.loads(bytes(buffer[p.HEADER.size : end]))
                     del buffer[:end]
                     return body
             data = await self.stream.receive_some(256 * 1024)
