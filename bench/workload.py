@@ -432,8 +432,10 @@ def execute_run(
     workdir: str,
     progress: Progress,
     calibration: model.Calibration,
+    rates: Sequence[float],
 ) -> dict[str, Any]:
-    rates = lease_read_rates(cfg, plans)
+    """One (system, term) run; ``rates`` are the files' read rates
+    (:func:`lease_read_rates`)."""
     phases = phases_for(cfg, system, term, rates, calibration)
     warmup, length = phases.window[0], phases.length
     label = f"{system} term {term:g} s" if system != "redis" else "redis tracking"
@@ -486,7 +488,7 @@ def execute_run(
     invalidations = sum(r.invalidations for r in results)
     consistency, total = _server_load(system, before, after, invalidations)
     return summarize_run(
-        system, term, cfg, calibration, rates, results, consistency / seconds,
+        system, term, phases.prime_term, cfg, calibration, rates, results, consistency / seconds,
         total / seconds, after["cpu"] - before["cpu"], seconds, warmup,
     )  # fmt: skip
 
@@ -518,6 +520,7 @@ def check_staleness(cfg: Config, results: Sequence[WorkerResult]) -> dict[str, A
 def summarize_run(
     system: str,
     term: float,
+    t_c: float,
     cfg: Config,
     calibration: model.Calibration,
     rates: Sequence[float],
@@ -528,6 +531,8 @@ def summarize_run(
     seconds: float,
     warmup: float,
 ) -> dict[str, Any]:
+    """One run's row of results; ``t_c`` is the client term its priming prepared for
+    (:func:`phases_for`), which the model's figures use too."""
     cat = np.concatenate
     hits = cat([r.hit_ns for r in results])
     misses = cat([r.miss_ns for r in results])
@@ -587,12 +592,10 @@ def summarize_run(
         write_scale = offered_writes / nominal_writes if nominal_writes else 1.0
         offered = [r * read_scale for r in rates]
         m_prop, m_proc = calibration.m_prop, calibration.m_proc
-        if system == "ttl":
-            t_c = term  # trusted for exactly the TTL, no skew allowance
+        if system == "ttl":  # t_c is the TTL itself (phases_for): no skew allowance
             run["model_consistency_msgs_per_s"] = model.ttl_load_for_rates(offered, term)
             run["model_nominal_consistency_msgs_per_s"] = model.ttl_load_for_rates(rates, term)
         else:
-            t_c = model.client_term(term, m_prop, m_proc, cfg.skew)
             writes_per_s = cfg.clients * cfg.write_rate
             run["model_consistency_msgs_per_s"] = model.consistency_load_for_rates(
                 offered, writes_per_s * write_scale, cfg.sharing, term, t_c
@@ -778,7 +781,7 @@ def run_benchmark(cfg: Config, out_dir: str, *, progress: bool = True) -> dict[s
         costs = model.Calibration(calibration["m_prop_s"], calibration["m_proc_s"])
         bar.finish_run(2.0)
         for i, (system, term, planned_s) in enumerate(planned):
-            runs.append(execute_run(i, system, term, cfg, plans, pool, workdir, bar, costs))
+            runs.append(execute_run(i, system, term, cfg, plans, pool, workdir, bar, costs, rates))
             bar.finish_run(planned_s)
     finally:
         bar.close()
