@@ -8,7 +8,9 @@ Directories are implicit (a write creates its parents), so ``mkdir`` does nothin
 
 from __future__ import annotations
 
+import contextlib
 import io
+from collections.abc import Iterator
 from typing import Any
 
 from fsspec import AbstractFileSystem
@@ -61,10 +63,8 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         path = self._strip_protocol(path)
-        try:
+        with _not_found_as_os_error(path):
             st = self.client.stat(path)
-        except NotFound:
-            raise FileNotFoundError(path) from None
         return {
             "name": path,
             "size": st.size,
@@ -75,20 +75,16 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
     ) -> bytes:
-        try:
+        with _not_found_as_os_error(path):
             data = self.client.read(self._strip_protocol(path))
-        except NotFound:
-            raise FileNotFoundError(path) from None
         return data[start:end] if start is not None or end is not None else data
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         self.client.write(self._strip_protocol(path), bytes(value))
 
     def rm_file(self, path: str) -> None:
-        try:
+        with _not_found_as_os_error(path):
             self.client.delete(self._strip_protocol(path))
-        except NotFound:
-            raise FileNotFoundError(path) from None
 
     def _rm(self, path: str) -> None:
         self.rm_file(path)
@@ -122,3 +118,12 @@ class _WriteOnClose(io.BytesIO):
         if not self.closed:
             self._fs.pipe_file(self._path, self.getvalue())
         super().close()
+
+
+@contextlib.contextmanager
+def _not_found_as_os_error(path: str) -> Iterator[None]:
+    """fsspec's callers expect FileNotFoundError for a missing file."""
+    try:
+        yield
+    except NotFound:
+        raise FileNotFoundError(path) from None

@@ -32,6 +32,8 @@ async def test_fsspec_reads_writes_lists_and_deletes(address):
         assert not fs.exists("docs/a.txt")
         with pytest.raises(FileNotFoundError):
             fs.cat_file("docs/a.txt")
+        with pytest.raises(FileNotFoundError):
+            fs.rm_file("docs/a.txt")
         fs.client.close()
 
     await trio.to_thread.run_sync(use_it)
