@@ -10,6 +10,7 @@ cooperation from the server.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -144,6 +145,7 @@ def redis_server_binary() -> str | None:
     return shutil.which("redis-server")
 
 
+@functools.cache  # asked by the skip check and again for the results' environment
 def redis_version() -> str | None:
     binary = redis_server_binary()
     if binary is None:
