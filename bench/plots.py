@@ -11,8 +11,14 @@ READ_LATENCY_PNG = "read_latency_vs_term.png"
 WRITE_DELAY_PNG = "write_delay_vs_term.png"
 
 
-def _by_system(runs: Sequence[dict[str, Any]], system: str) -> list[dict[str, Any]]:
+def runs_of(runs: Sequence[dict[str, Any]], system: str) -> list[dict[str, Any]]:
+    """The runs of one system in results.json, by term."""
     return sorted((r for r in runs if r["system"] == system), key=lambda r: r["term"])
+
+
+def term0_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """fscache's run at term 0, which the normalised figures divide by (if it ran)."""
+    return next((r for r in runs if r["system"] == "fscache" and r["term"] == 0), None)
 
 
 def _x_axis(ax: Any, terms: Sequence[float]) -> None:
@@ -32,10 +38,10 @@ def write_plots(results: dict[str, Any], out_dir: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     runs = results["runs"]
-    fs = _by_system(runs, "fscache")
-    ttl = _by_system(runs, "ttl")
+    fs = runs_of(runs, "fscache")
+    ttl = runs_of(runs, "ttl")
     redis = [r for r in runs if r["system"] == "redis"]
-    zero = next((r for r in fs if r["term"] == 0), None)
+    zero = term0_run(runs)
     base = zero["server_consistency_msgs_per_s"] if zero else None
     model_base = zero["model_nominal_consistency_msgs_per_s"] if zero else None
     terms = [r["term"] for r in fs + ttl]

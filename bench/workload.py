@@ -54,6 +54,7 @@ from fscache.bench.harness import (
     redis_server_binary,
     redis_version,
 )
+from fscache.bench.plots import runs_of, term0_run
 
 START_DELAY = 0.3  # seconds between "go" and the first scheduled operation
 OVERHEAD_GUESS = 2.0  # seconds per run outside its schedule (for the progress bar)
@@ -620,10 +621,10 @@ def summarize_run(
 def check_targets(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Issue 5's targets, for fscache: within 25% of the model at every term > 0, and
     the largest term at most a quarter of term 0's load."""
-    fs = sorted((r for r in runs if r["system"] == "fscache"), key=lambda r: r["term"])
+    fs = runs_of(runs, "fscache")
     positive = [r for r in fs if r["term"] > 0 and r["model_error"] is not None]
     worst = max((abs(r["model_error"]) for r in positive), default=None)
-    zero = next((r for r in fs if r["term"] == 0), None)
+    zero = term0_run(runs)
     largest = fs[-1] if fs and fs[-1]["term"] > 0 else None
     reduction = (
         largest["server_consistency_msgs_per_s"] / zero["server_consistency_msgs_per_s"]
@@ -651,7 +652,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def format_tables(results: dict[str, Any]) -> str:
     runs = results["runs"]
-    zero = next((r for r in runs if r["system"] == "fscache" and r["term"] == 0), None)
+    zero = term0_run(runs)
     base = zero["server_consistency_msgs_per_s"] if zero else None
     model_base = zero["model_nominal_consistency_msgs_per_s"] if zero else None
     lines = [
