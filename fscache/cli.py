@@ -21,7 +21,7 @@ from fscache.errors import FscacheError, Unauthorized, Unavailable
 
 # `fscache serve` announces itself with this first line; tools that start a server
 # read the address from it with parse_serving_line (the root may contain anything).
-_SERVING = re.compile(r"^fscache serving .* on (\S+):(\d+) \((term .*)\)$")
+_SERVING = re.compile(r"^fscache serving .* on (\S+):(\d+) \(term .*\)$")
 
 T = TypeVar("T")
 
