@@ -86,6 +86,29 @@ def client(port: int, name: str, **kwargs: Any) -> contextlib.AbstractAsyncConte
     return open_client(LOCAL, port, client_id=name, **kwargs)
 
 
+@contextlib.asynccontextmanager
+async def writer_and_holder(
+    root: Path, holder: str, *, term: float = TERM, skew: float = SKEW, **options: Any
+) -> AsyncIterator[tuple[FaultProxy, Client, Client]]:
+    """A server; a writer connected to it directly; ``holder`` connected through a
+    fault proxy (``options`` go to its client)."""
+    async with (
+        server_and_proxy(root, term=term, skew=skew) as (service, proxy),
+        client(service.port, "writer") as writer,
+        client(proxy.port, holder, **options) as held,
+    ):
+        yield proxy, writer, held
+
+
+async def take_lease(writer: Client, holder: Client) -> tuple[float, float]:
+    """The writer writes f=old and the holder reads it, taking a lease on it: when the
+    holder sent that read, and when the answer came (time.monotonic())."""
+    await writer.write("f", b"old")
+    sent = time.monotonic()
+    assert await holder.read("f") == b"old"
+    return sent, time.monotonic()
+
+
 def skewed_clock(rate: float) -> Callable[[], float]:
     """A monotonic clock that gains ``rate`` seconds per second (loses, if negative)."""
     base = time.monotonic()
@@ -271,15 +294,8 @@ async def test_a_partitioned_client_serves_its_cache_until_expiry_then_raises_un
     read goes to the (silent) server and fails with Unavailable once the link has been
     silent for DEAD_AFTER. The writer, connected directly, waits out the lease and
     proceeds. When the network heals, the client reconnects and reads the new data."""
-    async with (
-        server_and_proxy(tmp_path / "root") as (service, proxy),
-        client(service.port, "writer") as writer,
-        client(proxy.port, "island") as island,
-    ):
-        await writer.write("f", b"old")
-        sent = time.monotonic()
-        assert await island.read("f") == b"old"
-        answered = time.monotonic()
+    async with writer_and_holder(tmp_path / "root", "island") as (proxy, writer, island):
+        sent, answered = await take_lease(writer, island)
         proxy.pause()
         reads: list[tuple[float, float, object]] = []
 
@@ -330,16 +346,9 @@ async def test_a_slow_link_costs_the_writer_one_round_trip_and_never_consistency
     less than the lease. The holder's lease is timed from when it *sent* its read, so
     the latency shortens its trust instead of stretching it."""
     delay = 0.2
-    async with (
-        server_and_proxy(tmp_path / "root") as (service, proxy),
-        client(service.port, "writer") as writer,
-        client(proxy.port, "far") as far,
-    ):
-        await writer.write("f", b"old")
-        proxy.set_delay(delay)
-        sent = time.monotonic()
-        assert await far.read("f") == b"old"
-        answered = time.monotonic()
+    async with writer_and_holder(tmp_path / "root", "far") as (proxy, writer, far):
+        proxy.set_delay(delay)  # the holder's link only: the writer's is direct
+        sent, answered = await take_lease(writer, far)
         hits = far.stats["hits"]
         assert await far.read("f") == b"old"
         assert far.stats["hits"] == hits + 1
@@ -360,14 +369,8 @@ async def test_a_client_cut_off_and_back_gets_the_approval_request_it_missed(
     finds the holder with no connection and waits. When the network heals, the client's
     handshake goes through, the server re-sends the approval request, the client drops
     its entry and approves: the writer goes on at once, well before the lease ends."""
-    async with (
-        server_and_proxy(tmp_path / "root") as (service, proxy),
-        client(service.port, "writer") as writer,
-        client(proxy.port, "island") as island,
-    ):
-        await writer.write("f", b"old")
-        sent = time.monotonic()
-        assert await island.read("f") == b"old"
+    async with writer_and_holder(tmp_path / "root", "island") as (proxy, writer, island):
+        sent, _ = await take_lease(writer, island)
         proxy.pause()
         proxy.cut()
         with trio.fail_after(2):
@@ -491,15 +494,10 @@ async def partitioned_reads(
     reading (each read given up after 0.1 s) while another client writes f, and for a
     second after. Then the network heals. Returns (read sent, read answered, write
     done, reads, what the client reads after healing)."""
-    async with (
-        server_and_proxy(tmp_path / "root", term=term, skew=skew) as (service, proxy),
-        client(service.port, "writer") as writer,
-        client(proxy.port, "skewed", clock=skewed_clock(rate)) as skewed,
-    ):
-        await writer.write("f", b"old")
-        sent = time.monotonic()
-        assert await skewed.read("f") == b"old"
-        answered = time.monotonic()
+    async with writer_and_holder(
+        tmp_path / "root", "skewed", term=term, skew=skew, clock=skewed_clock(rate)
+    ) as (proxy, writer, skewed):
+        sent, answered = await take_lease(writer, skewed)
         getattr(proxy, fault)()
         reads: list[tuple[float, float, object]] = []
         done = math.inf
