@@ -81,6 +81,15 @@ def _tear_down(mountpoint: Path) -> None:
 
 
 @pytest.fixture
+def mountpoint(tmp_path):
+    """An empty directory to mount on; still mounted at the end fails the test."""
+    path = tmp_path / "mnt"
+    path.mkdir()
+    yield path
+    _tear_down(path)
+
+
+@pytest.fixture
 async def server(nursery, root):
     return await nursery.start(serve, ServerSettings(root=str(root), port=0, max_frame=1 << 20))
 
@@ -93,20 +102,15 @@ async def other(server):
 
 
 @pytest.fixture
-async def mnt(mountable, server, tmp_path):
+async def mnt(mountable, server, mountpoint):
     """The server, mounted; yields the mount point."""
-    mountpoint = tmp_path / "mnt"
-    mountpoint.mkdir()
-    try:
-        async with (
-            fscache.open_client("127.0.0.1", server.port) as client,
-            trio.open_nursery() as nursery,
-        ):
-            await nursery.start(mount, client, str(mountpoint))
-            yield mountpoint
-            nursery.cancel_scope.cancel()
-    finally:
-        _tear_down(mountpoint)
+    async with (
+        fscache.open_client("127.0.0.1", server.port) as client,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(mount, client, str(mountpoint))
+        yield mountpoint
+        nursery.cancel_scope.cancel()
 
 
 async def on_mount(fn, *args):
@@ -237,60 +241,48 @@ async def test_directories_rename_and_bad_names(mnt, other):
     assert too_big.value.errno == errno.EFBIG  # raised by close(): writes go on flush
 
 
-async def test_without_the_server_reads_fail_with_eio_not_stale_data(mountable, root, tmp_path):
-    mountpoint = tmp_path / "mnt"
-    mountpoint.mkdir()
-    try:
-        async with trio.open_nursery() as outer:
-            server_scope = trio.CancelScope()
+async def test_without_the_server_reads_fail_with_eio_not_stale_data(mountable, root, mountpoint):
+    async with trio.open_nursery() as outer:
+        server_scope = trio.CancelScope()
 
-            async def run_server(task_status=trio.TASK_STATUS_IGNORED) -> None:
-                with server_scope:
-                    await serve(ServerSettings(root=str(root), port=0), task_status=task_status)
+        async def run_server(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            with server_scope:
+                await serve(ServerSettings(root=str(root), port=0), task_status=task_status)
 
-            server = await outer.start(run_server)
-            async with fscache.open_client("127.0.0.1", server.port) as client:
-                await client.write("a", b"a")
-                await outer.start(mount, client, mountpoint)
-                assert await on_mount(read_file, mountpoint / "a") == b"a"
-                server_scope.cancel()
-                # "a" is leased, but looking up the directories on the way needs the server
-                for call in (os.listdir, os.stat):
-                    with pytest.raises(OSError) as gone:
-                        await on_mount(call, mountpoint)
-                    assert gone.value.errno == errno.EIO
-                outer.cancel_scope.cancel()
-    finally:
-        _tear_down(mountpoint)
+        server = await outer.start(run_server)
+        async with fscache.open_client("127.0.0.1", server.port) as client:
+            await client.write("a", b"a")
+            await outer.start(mount, client, mountpoint)
+            assert await on_mount(read_file, mountpoint / "a") == b"a"
+            server_scope.cancel()
+            # "a" is leased, but looking up the directories on the way needs the server
+            for call in (os.listdir, os.stat):
+                with pytest.raises(OSError) as gone:
+                    await on_mount(call, mountpoint)
+                assert gone.value.errno == errno.EIO
+            outer.cancel_scope.cancel()
 
 
 # ---------------------------------------------------------------- mounting and unmounting
-async def test_fusermount_u_ends_the_mount(mountable, server, tmp_path):
-    mountpoint = tmp_path / "mnt"
-    mountpoint.mkdir()
-    try:
-        async with (
-            fscache.open_client("127.0.0.1", server.port) as client,
-            trio.open_nursery() as nursery,
-        ):
-            await nursery.start(mount, client, mountpoint)
-            assert _mounted(mountpoint)
-            with pytest.raises(fscache.FscacheError, match="already has a mount"):
-                await mount(client, tmp_path)  # pyfuse3: one session per process
-            await trio.to_thread.run_sync(
-                lambda: subprocess.run(["fusermount3", "-u", str(mountpoint)], check=True)
-            )
-        assert not _mounted(mountpoint)  # mount() returned by itself
-    finally:
-        _tear_down(mountpoint)
+async def test_fusermount_u_ends_the_mount(mountable, server, mountpoint, tmp_path):
+    async with (
+        fscache.open_client("127.0.0.1", server.port) as client,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(mount, client, mountpoint)
+        assert _mounted(mountpoint)
+        with pytest.raises(fscache.FscacheError, match="already has a mount"):
+            await mount(client, tmp_path)  # pyfuse3: one session per process
+        await trio.to_thread.run_sync(
+            lambda: subprocess.run(["fusermount3", "-u", str(mountpoint)], check=True)
+        )
+    assert not _mounted(mountpoint)  # mount() returned by itself
 
 
-def test_the_mount_command_serves_until_sigint(mountable, tmp_path):
+def test_the_mount_command_serves_until_sigint(mountable, mountpoint, tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     (root / "hello.txt").write_bytes(b"hello from the server\n")
-    mountpoint = tmp_path / "mnt"
-    mountpoint.mkdir()
     command = [sys.executable, "-m", "fscache"]
     server = subprocess.Popen(
         [*command, "serve", "--root", str(root), "--port", "0"], stdout=subprocess.PIPE
@@ -327,4 +319,3 @@ def test_the_mount_command_serves_until_sigint(mountable, tmp_path):
                 process.stdout.close()
                 if process.stderr is not None:
                     process.stderr.close()
-        _tear_down(mountpoint)
