@@ -109,6 +109,15 @@ async def take_lease(writer: Client, holder: Client) -> tuple[float, float]:
     return sent, time.monotonic()
 
 
+async def read_once_reachable(holder: Client, timeout: float) -> bytes:
+    """f as ``holder`` reads it once it reaches the server again (Unavailable until
+    then); fails after ``timeout`` seconds."""
+    with trio.fail_after(timeout):
+        while True:
+            with contextlib.suppress(fscache.Unavailable):
+                return await holder.read("f")
+
+
 def skewed_clock(rate: float) -> Callable[[], float]:
     """A monotonic clock that gains ``rate`` seconds per second (loses, if negative)."""
     base = time.monotonic()
@@ -313,11 +322,7 @@ async def test_a_partitioned_client_serves_its_cache_until_expiry_then_raises_un
             write_done = time.monotonic()
         proxy.heal()
         healed = time.monotonic()
-        with trio.fail_after(10):
-            while True:
-                with contextlib.suppress(fscache.Unavailable):
-                    final = await island.read("f")
-                    break
+        final = await read_once_reachable(island, timeout=10)
         reconnected = time.monotonic()
 
     *served, (failed_at, unavailable_at, error) = reads
@@ -516,11 +521,7 @@ async def partitioned_reads(
             await writer.write("f", b"new")
             done = time.monotonic()
         proxy.heal()
-        with trio.fail_after(8):
-            while True:
-                with contextlib.suppress(fscache.Unavailable):
-                    final = await skewed.read("f")
-                    break
+        final = await read_once_reachable(skewed, timeout=8)
     return sent, answered, done, reads, final
 
 
