@@ -5,7 +5,7 @@ with ``cbor2.dumps`` before it goes back: the least any CBOR-over-TCP server mus
 No validation, no dispatch, no per-connection sender task. Run it in its own process:
 ``python -m fscache.bench.echo`` prints ``echo serving on HOST:PORT``.
 
-``--wire`` serves the same loop over :class:`fscache.client.wire.SocketWire`, the socket I/O
+``--wire`` serves the same loop over :class:`fscache.net.SocketWire`, the socket I/O
 the fscache server itself uses, instead of trio's ``SocketStream``: a second
 baseline that shows how much of a difference is the I/O layer and how much is
 fscache's own work.
@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 import cbor2
 import trio
 
-from fscache.client.wire import SocketWire, StreamWire, Wire
+from fscache.net import SocketWire, StreamWire, Wire
 
 HEADER = struct.Struct(">I")
 

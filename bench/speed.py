@@ -20,7 +20,7 @@ the numbers belong to the machine they were taken on.
 
 Every server runs in its own process; so does every load generator.
 
-The fscache server drives plain TCP sockets with :class:`fscache.client.wire.SocketWire`
+The fscache server drives plain TCP sockets with :class:`fscache.net.SocketWire`
 rather than trio's ``SocketStream`` (one pass through the scheduler per message
 instead of two). The issue's baseline is the plain trio echo server; rows marked
 "(vs echo on fscache's socket I/O)" also compare with the same echo loop on

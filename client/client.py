@@ -43,7 +43,6 @@ import trio
 
 from fscache import protocol as p
 from fscache.cache import DEFAULT_MAX_BYTES, LeaseCache
-from fscache.client.wire import SocketWire, Wire, wire_for
 from fscache.errors import (
     FscacheError,
     ProtocolError,
@@ -52,6 +51,7 @@ from fscache.errors import (
     Unavailable,
     error_for_code,
 )
+from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize
 from fscache.tls import is_auth_failure
 

@@ -22,7 +22,7 @@ own sender task, and once its unsent replies exceed ``max_outbox`` bytes the
 connection is dropped (its leases are then waited out, like a crashed client's).
 
 Plain TCP connections are driven on the socket's descriptor
-(:class:`fscache.client.wire.SocketWire`): a request costs one pass through trio's
+(:class:`fscache.net.SocketWire`): a request costs one pass through trio's
 scheduler -- wake, read, handle, write -- and the replies to one batch of requests
 leave in one write from the task that read them. After that write the store
 closes the batch's files and caches their contents (:meth:`Store.settle`), off the
@@ -46,7 +46,6 @@ from typing import Any, ClassVar
 import trio
 
 from fscache import protocol as p
-from fscache.client.wire import SocketWire, Wire, wire_for
 from fscache.errors import FscacheError, ProtocolError, TooLarge
 from fscache.leases import (
     DEFAULT_SKEW,
@@ -63,6 +62,7 @@ from fscache.leases import (
     TermPolicy,
     WriteCommitted,
 )
+from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize
 from fscache.server.store import Store
 

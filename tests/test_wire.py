@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from fscache.client.wire import SocketWire, StreamWire, wire_for
+from fscache.net import SocketWire, StreamWire, wire_for
 from fscache.server.service import Outbox
 
 BIG = 32 << 20  # far more than a loopback socket buffers

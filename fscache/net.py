@@ -1,6 +1,7 @@
 """The byte transport under both ends of a connection: a trio stream, or for plain TCP
-the socket's descriptor driven directly. It lives with the client's connection code;
-the server (``fscache.server.service``) uses it too.
+the socket's descriptor driven directly. Both ends use it: the server
+(``fscache.server.service``) and the client (``fscache.client.client``); it imports
+nothing of theirs.
 
 Why not just ``trio.SocketStream``: its ``send_all`` and ``receive_some`` pass through
 the scheduler once more after every successful system call (trio's "checkpoint
