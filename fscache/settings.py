@@ -1,0 +1,32 @@
+"""Every default a user can change, and the one check of each, in one place. No I/O.
+
+The server's options (``fscache serve``), the lease table, the client and the command
+line all take their defaults from here and check a term or a skew with
+:func:`check_duration`, so a default or a rule is never written twice.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fscache.errors import FscacheError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7710
+DEFAULT_ADDRESS = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+DEFAULT_TERM = 10.0  # seconds: the knee of the paper's curve (its section 3)
+DEFAULT_SKEW = 0.1  # seconds: the clock-skew allowance on both ends of a lease
+DEFAULT_MAX_FRAME = 16 * 1024 * 1024  # bytes: the largest frame either end accepts
+
+
+class BadSetting(FscacheError, ValueError):
+    """A setting out of its range; the message names the setting."""
+
+
+def check_duration(name: str, value: object) -> float:
+    """``value`` as a float if it is a finite number of seconds >= 0 (a term, a skew)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadSetting(f"{name} must be a number of seconds, not {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise BadSetting(f"{name} must be a finite number >= 0, not {value!r}")
+    return float(value)
