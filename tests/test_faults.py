@@ -1,4 +1,5 @@
-"""Fault tolerance by time (DESIGN.md section 1, guarantees 1-4) under real faults.
+"""Fault tolerance by time (``docs/design.md``, "Guarantees": one-copy semantics, fault
+tolerance by time, durability, the safety margin) under real faults.
 
 Test rules:
 
@@ -7,10 +8,17 @@ Test rules:
   hangs are SIGSTOP or a peer that stops reading, partitions are
   :mod:`tests.faultproxy` between one client and the server.
 * Times are ``time.monotonic()`` read around real waits. On Linux it is one clock for
-  every process, and the server's ``trio.current_time()`` runs at its rate. A bound a
-  wait may not undershoot is asserted exactly (the server never applies a write before
-  its deadline); one it may not overshoot gets :data:`MARGIN` for scheduling and fsync.
-  These check behaviour with a tolerance; speed is measured in ``bench/``.
+  every process, and the server's ``trio.current_time()`` runs at its rate.
+* Safety is asserted exactly: a bound a wait may not undershoot (the server never
+  applies a write before ``t_send + term + skew``; no read of a copy after its
+  ``t_send + term - skew``) holds however slow the machine is.
+* Nothing is asserted that a slow or busy machine could miss. Where a test shows
+  that something did *not* wait out a lease, it runs with a term long enough that
+  waiting it out would be unmistakable, or checks order (what finished before what).
+  Where it shows that a wait ended, the bound is :data:`LATE` past the deadline: only
+  a wait that never ends trips it. The exact instants of every timing rule are
+  asserted in ``test_leases.py`` and ``test_service_timing.py`` on a mock clock;
+  speed is measured in ``bench/``.
 * Short terms (1-2 s) so that waiting out a lease is cheap; ``hot_writes=0`` so a
   file written several times keeps its term.
 * Every test prints the figures it measured (``pytest -s`` shows them).
@@ -50,8 +58,8 @@ pytestmark = pytest.mark.slow
 
 TERM = 1.5
 SKEW = 0.1
-MARGIN = 0.35  # scheduling, fsync and process slack on top of a deadline
-QUICK = 0.25  # an operation that waits for nothing takes less than this
+LONG_TERM = 10.0  # for tests that show a write did not wait out a lease
+LATE = 5.0  # past a deadline: a wait that ended is over by then, however busy the machine
 LOCAL = "127.0.0.1"
 
 
@@ -252,7 +260,7 @@ async def test_a_killed_client_delays_each_writer_by_its_remaining_lease_plus_sk
     """A lease holder is SIGKILLed while holding 20 leases. Each write waits out that
     file's lease: it completes no earlier than ``t_send + term + skew`` (the earliest
     the server can have granted it, plus the term and the skew) and no later than
-    ``t_answered + term + skew`` (+ MARGIN), where t_send and t_answered are the
+    ``t_answered + term + skew`` (+ LATE), where t_send and t_answered are the
     holder's own monotonic times around its read of that file. No failure detection:
     the server just waits."""
     term = 2.0
@@ -283,7 +291,7 @@ async def test_a_killed_client_delays_each_writer_by_its_remaining_lease_plus_sk
 
     for path in paths:
         sent, answered = leases[path]
-        assert sent + term + SKEW <= written[path] <= answered + term + SKEW + MARGIN, path
+        assert sent + term + SKEW <= written[path] <= answered + term + SKEW + LATE, path
     assert stats["writes_delayed"] >= len(paths)
     waits = [written[path] - began for path in paths]
     remaining = [leases[path][1] + term - began for path in paths]
@@ -330,10 +338,10 @@ async def test_a_partitioned_client_serves_its_cache_until_expiry_then_raises_un
     assert served and all(value == b"old" for _, _, value in served)
     assert max(start for start, _, _ in served) < answered + TERM - SKEW  # trusted, no longer
     assert all(start < write_done for start, _, _ in served)  # never stale
-    assert served[-1][0] >= sent + TERM - SKEW - 0.1  # ... and trusted that long
-    assert failed_at >= sent + TERM - SKEW
-    assert DEAD_AFTER <= unavailable_at - failed_at <= DEAD_AFTER + PING_AFTER + MARGIN
-    assert sent + TERM + SKEW <= write_done <= answered + TERM + SKEW + MARGIN
+    assert served[-1][0] >= sent + (TERM - SKEW) / 2  # the cache went on answering
+    assert unavailable_at >= sent + TERM - SKEW + DEAD_AFTER  # expired, then given up
+    assert DEAD_AFTER <= unavailable_at - failed_at <= DEAD_AFTER + PING_AFTER + LATE
+    assert sent + TERM + SKEW <= write_done <= answered + TERM + SKEW + LATE
     assert final == b"new"
     figures(
         "partition", cached_reads=len(served), last_cached_read=served[-1][0] - sent,
@@ -349,9 +357,14 @@ async def test_a_slow_link_costs_the_writer_one_round_trip_and_never_consistency
     """With 0.2 s of latency each way, the approval request takes 0.2 s to reach the
     holder and the approval 0.2 s to come back: the write waits one round trip, far
     less than the lease. The holder's lease is timed from when it *sent* its read, so
-    the latency shortens its trust instead of stretching it."""
+    the latency shortens its trust instead of stretching it. The term is long, so a
+    write that waited out the lease instead would be plain to see."""
     delay = 0.2
-    async with writer_and_holder(tmp_path / "root", "far") as (proxy, writer, far):
+    async with writer_and_holder(tmp_path / "root", "far", term=LONG_TERM) as (
+        proxy,
+        writer,
+        far,
+    ):
         proxy.set_delay(delay)  # the holder's link only: the writer's is direct
         sent, answered = await take_lease(writer, far)
         hits = far.stats["hits"]
@@ -363,7 +376,7 @@ async def test_a_slow_link_costs_the_writer_one_round_trip_and_never_consistency
         assert await far.read("f") == b"new"
         assert far.stats["approvals"] == 1
     assert answered - sent >= 2 * delay
-    assert 2 * delay <= waited <= 2 * delay + MARGIN
+    assert 2 * delay <= waited < LONG_TERM
     figures("slow link", delay_each_way=delay, read_round_trip=answered - sent, write_wait=waited)
 
 
@@ -373,12 +386,17 @@ async def test_a_client_cut_off_and_back_gets_the_approval_request_it_missed(
     """The proxy closes both sides and holds the client's reconnection. A write then
     finds the holder with no connection and waits. When the network heals, the client's
     handshake goes through, the server re-sends the approval request, the client drops
-    its entry and approves: the writer goes on at once, well before the lease ends."""
-    async with writer_and_holder(tmp_path / "root", "island") as (proxy, writer, island):
+    its entry and approves: the writer goes on after the heal, long before the lease
+    (a long term here) could have run out."""
+    async with writer_and_holder(tmp_path / "root", "island", term=LONG_TERM) as (
+        proxy,
+        writer,
+        island,
+    ):
         sent, _ = await take_lease(writer, island)
         proxy.pause()
         proxy.cut()
-        with trio.fail_after(2):
+        with trio.fail_after(LATE):
             while island.connected:
                 await trio.sleep(0.01)
         assert await island.read("f") == b"old"  # disconnected: the lease still holds
@@ -397,9 +415,8 @@ async def test_a_client_cut_off_and_back_gets_the_approval_request_it_missed(
             done = time.monotonic()
         assert await island.read("f") == b"new"
         assert island.stats["approvals"] == 1 and island.stats["reconnects"] == 1
-    assert healed <= done <= healed + QUICK
-    assert done < sent + TERM
-    figures("cut and back", writer_wait=done - began, after_heal=done - healed, term=TERM)
+    assert healed <= done < sent + LONG_TERM
+    figures("cut and back", writer_wait=done - began, after_heal=done - healed, term=LONG_TERM)
 
 
 # ================================================================ hung clients
@@ -409,8 +426,9 @@ async def test_a_hung_client_delays_writers_to_its_lease_expiry_and_no_one_else(
     """A peer that did the handshake and read a file, then never reads again: the
     approval request sits unread in its socket buffer. The write waits exactly until
     the lease has expired on the server (``t_grant + term + skew``); meanwhile another
-    client's reads and writes of other files go through at once, and its read of the
-    blocked file waits for the write and sees the new data."""
+    client's reads and writes of other files go through (several finish while the
+    write waits), and its read of the blocked file waits for the write and sees the
+    new data."""
     async with (
         running_server(tmp_path / "root") as service,
         client(service.port, "writer") as writer,
@@ -425,7 +443,7 @@ async def test_a_hung_client_delays_writers_to_its_lease_expiry_and_no_one_else(
         answered = time.monotonic()
         assert isinstance(reply, p.Data) and reply.data == b"old"
         # From here on, nobody reads from `hung`.
-        others: list[float] = []
+        others: list[tuple[float, float]] = []  # (start, end) of each bystander round
         blocked_read: tuple[float, float, object] | None = None
 
         async def go_about_business() -> None:
@@ -434,7 +452,7 @@ async def test_a_hung_client_delays_writers_to_its_lease_expiry_and_no_one_else(
                 await bystander.write(f"other/{n % 5}", b"%d" % n)
                 await bystander.relinquish(f"other/{n % 5}")
                 assert await bystander.read(f"other/{n % 5}") == b"%d" % n
-                others.append(time.monotonic() - start)
+                others.append((start, time.monotonic()))
                 await trio.sleep(0.05)
 
         async def read_blocked() -> None:
@@ -452,14 +470,14 @@ async def test_a_hung_client_delays_writers_to_its_lease_expiry_and_no_one_else(
             nursery.cancel_scope.cancel()
         assert service.stats()["approvals_received"] == 0
 
-    assert sent + TERM + SKEW <= done <= answered + TERM + SKEW + MARGIN
-    assert len(others) >= 10 and max(others) < QUICK
+    assert sent + TERM + SKEW <= done <= answered + TERM + SKEW + LATE
+    assert sum(end < done for _, end in others) >= 3  # other files did not wait
     assert blocked_read is not None
     _, read_end, value = blocked_read
-    assert value == b"new" and done - QUICK <= read_end <= done + QUICK
+    assert value == b"new" and sent + TERM + SKEW <= read_end <= done + LATE
     figures(
         "hung peer", writer_wait=done - began, expected=answered + TERM + SKEW - began,
-        bystander_ops=len(others), bystander_max=max(others),
+        bystander_ops=len(others), bystander_max=max(end - start for start, end in others),
     )  # fmt: skip
 
 
@@ -485,8 +503,8 @@ async def test_a_stopped_client_delays_writers_to_expiry_and_wakes_up_without_it
             holder.process.send_signal(signal.SIGCONT)
             await holder.send_line("again")
             assert await holder.readline() == "new"
-    assert sent + TERM + SKEW <= done <= answered + TERM + SKEW + MARGIN
-    assert unrelated < QUICK
+    assert sent + TERM + SKEW <= done <= answered + TERM + SKEW + LATE
+    assert unrelated < LATE
     figures("stopped process", writer_wait=done - began, expected=answered + TERM + SKEW - began)
 
 
@@ -548,7 +566,7 @@ async def test_a_client_clock_off_by_the_skew_per_term_never_serves_stale_data(
     assert max(cached) < done  # no stale read
     trusted = (term - skew) / (1 + rate)  # real seconds from the send
     assert max(cached) < answered + trusted
-    assert max(cached) >= sent + trusted - 0.1  # it did trust the entry that long
+    assert max(cached) >= sent + trusted / 2  # the cache went on answering
     assert not any(value == b"new" for _, _, value in reads)  # partitioned throughout
     assert final == b"new"  # healed: the lost connection is replaced
     figures(
@@ -560,12 +578,13 @@ async def test_a_client_clock_off_by_the_skew_per_term_never_serves_stale_data(
 async def test_a_client_clock_slower_than_the_skew_allows_can_serve_stale_data(
     tmp_path: Path,
 ) -> None:
-    """Why the bound matters: a client clock running at half speed (losing 0.75 s over
-    a 1.5 s term, far beyond a skew of 0.1 s) trusts its entry for (1.5 - 0.1) / 0.5 =
-    2.8 real seconds, while the server waits only 1.6 s before applying the write the
-    partitioned client never heard of. Reads that start after the write completed
-    return the old data: a stale read, which the checker recognises as one."""
-    term, skew, rate = 1.5, 0.1, -0.5
+    """Why the bound matters: a client clock running at a quarter speed (losing
+    1.125 s over a 1.5 s term, far beyond a skew of 0.1 s) trusts its entry for
+    (1.5 - 0.1) / 0.25 = 5.6 real seconds, while the server waits only 1.6 s before
+    applying the write the partitioned client never heard of. Reads that start after
+    the write completed return the old data: a stale read, which the checker
+    recognises as one."""
+    term, skew, rate = 1.5, 0.1, -0.75
     sent, answered, done, reads, _ = await partitioned_reads(
         tmp_path, term=term, skew=skew, rate=rate, fault="pause"
     )
@@ -578,7 +597,7 @@ async def test_a_client_clock_slower_than_the_skew_allows_can_serve_stale_data(
     ]
     assert {anomaly.kind for anomaly in check_history(history)} == {"stale"}
     figures(
-        "clock -0.5 s/s", write_done=done - sent, stale_reads=len(stale),
+        "clock -0.75 s/s", write_done=done - sent, stale_reads=len(stale),
         stale_for=max(start for start, _ in stale) - done,
     )  # fmt: skip
 
@@ -596,11 +615,12 @@ async def test_a_server_killed_during_writes_restarts_with_every_acknowledged_wr
     """Five writers stream writes to five files; the server is SIGKILLed mid-stream
     and restarted on the same root and port. Each file then holds its last
     acknowledged value or the one that was in flight, complete; no temp file is left
-    or listed. The new incarnation serves reads at once but holds writes for one
+    or listed. The new incarnation (with a longer term, so that its window is plainly
+    open while the reads are answered) serves reads at once but holds writes for one
     maximum term plus skew from its start."""
     root = tmp_path / "root"
     paths = [f"stream/{i}" for i in range(5)]
-    term = 1.0
+    term, second_term = 1.0, 3.0
     acked: dict[str, int] = {}
     tried: dict[str, int] = {}
     async with server_process(root, term=term) as first:
@@ -623,8 +643,9 @@ async def test_a_server_killed_during_writes_restarts_with_every_acknowledged_wr
                 await first.child.kill()
     assert all(acked.get(path, 0) >= 3 for path in paths), acked
 
-    async with server_process(root, port=port, term=term) as second:
-        assert await second.child.readline() == f"restart window: writes held for {term + SKEW:g} s"
+    async with server_process(root, port=port, term=second_term) as second:
+        window = second_term + SKEW
+        assert await second.child.readline() == f"restart window: writes held for {window:g} s"
         async with client(port, "after") as after:
             contents: dict[str, bytes] = {}
             read_times = []
@@ -644,8 +665,8 @@ async def test_a_server_killed_during_writes_restarts_with_every_acknowledged_wr
     assert listed == sorted(path.split("/")[1] for path in paths)
     leftovers = [n for _, _, names in os.walk(root) for n in names if n.startswith(TEMP_PREFIX)]
     assert leftovers == []
-    assert max(read_times) < QUICK and window_left > 0  # reads served inside the window
-    assert second.spawned_at + term + SKEW <= written <= second.serving_at + term + SKEW + MARGIN
+    assert window_left > 0  # every read was answered while writes were still held
+    assert second.spawned_at + window <= written <= second.serving_at + window + LATE
     figures(
         "server kill", acked_writes=sum(acked.values()) + len(acked),
         in_flight=sum(tried[p] != acked[p] for p in paths), read_max=max(read_times),
@@ -660,14 +681,15 @@ async def test_a_grant_is_always_delivered_before_the_approval_request_that_revo
     """Raw frames over a real socket: A sends a Read and does not read its socket;
     once the server has handled it, B writes the file. On A's connection the Data
     (the old contents, with a lease) comes first, then the ApprovalRequest for that
-    lease. A approves and B's write completes at once."""
+    lease. A approves and B's write completes, long before the lease could end."""
     async with (
-        running_server(tmp_path / "root") as service,
+        running_server(tmp_path / "root", term=LONG_TERM) as service,
         client(service.port, "b") as b,
         raw_peer(service.port, "a") as a,
     ):
         await b.write("f", b"old")
         reads = service.stats()["reads"]
+        sent = time.monotonic()
         await a.send(p.Read(id=7, path="f"))
         while service.stats()["reads"] == reads:  # handled; the reply sits unread
             await trio.sleep(0.001)
@@ -676,11 +698,10 @@ async def test_a_grant_is_always_delivered_before_the_approval_request_that_revo
             first = await a.receive()
             second = await a.receive()
             assert isinstance(first, p.Data) and (first.id, first.data) == (7, b"old")
-            assert first.term == TERM
+            assert first.term == LONG_TERM
             assert isinstance(second, p.ApprovalRequest) and second.path == "f"
-            began = time.monotonic()
             await a.send(p.Approve(path="f", write=second.write))
-        assert time.monotonic() - began < QUICK
+        assert time.monotonic() < sent + LONG_TERM  # released by the approval
         await a.send(p.Read(id=8, path="f"))
         again = await a.receive()
         assert isinstance(again, p.Data) and again.data == b"new"
