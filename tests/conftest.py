@@ -1,11 +1,16 @@
-"""Test rules for the whole suite.
+"""Test rules for the whole suite (files with real sockets repeat theirs at the top).
 
-* Localhost only, port 0 for every listener: tests never collide and never leave
-  the machine.
-* Timing rules run under ``autojump_clock`` (a trio MockClock with
-  ``autojump_threshold=0``) over memory streams, so a 10-second lease expires in
-  microseconds and a test can assert the exact virtual instant something happened.
-  Real sockets are used where the point is the real network, never with exact times.
+* Localhost only: every socket is on 127.0.0.1 and every listener on port 0, so
+  tests never collide and never leave the machine.
+* Mock clock whenever a test sleeps for the sake of time: timing rules run under
+  ``autojump_clock`` (a trio MockClock with ``autojump_threshold=0``) over memory
+  streams, so a 10-second lease expires in microseconds and a test asserts the
+  exact virtual instant something happened. (The mock clock may jump while bytes
+  are in flight on a real socket, so exact instants never go with real sockets.)
+* Real sockets where the point is the real network: back-pressure, TLS, partitions,
+  processes. There a test sleeps only to poll for a condition, inside a
+  ``trio.fail_after`` of several seconds, and asserts order and lower bounds (the
+  safety rules), never an upper bound a busy machine could exceed.
 * Crash, kill and restart tests use real processes killed with SIGKILL.
 * No test asserts a wall-clock speed figure: speed lives in ``bench/``.
 """

@@ -1,8 +1,13 @@
-"""Bad input gets a clear typed error and harms nothing (DESIGN.md guarantee 5).
+"""Bad input gets a clear typed error and harms nothing (``docs/design.md``,
+"Guarantees", bad input; "Wire protocol", errors and codes).
 
 Each test sends something malformed on one connection and then checks that a
 well-behaved client on another connection carries on and the stored data is
 untouched.
+
+Test rules: memory streams and the mock clock (``tests.harness.Cluster``), except
+where only a real socket shows the behaviour (a peer that stops reading); that test
+is on 127.0.0.1, port 0, and polls under ``trio.fail_after`` without timing anything.
 """
 
 from __future__ import annotations

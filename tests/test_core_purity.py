@@ -1,8 +1,9 @@
-"""The core has no I/O and no clock (STYLE.md: h11, aioquic).
+"""The core has no I/O and no clock (``docs/design.md``, "Repository layout").
 
 Every module in ``fscache/`` is parsed, not imported, and its imports are checked:
-the lease table, the cache, the codec and the path rules must not reach for trio,
-sockets, threads, the file system or the clock; time is always an argument.
+the lease table, the cache, the codec, the path rules, the errors and the settings
+must not reach for trio, sockets, threads, the file system or the clock; time is
+always an argument.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ FORBIDDEN = frozenset({"trio", "socket", "time", "asyncio", "threading", "os", "
 EXEMPT = frozenset({"__init__.py", "__main__.py", "cli.py", "net.py"})
 # TLS material is read from and written to files, but it needs no event loop and no clock.
 ALLOWED_EXTRA = {"tls.py": frozenset({"os", "ssl"})}
-CORE = ("leases.py", "cache.py", "protocol.py", "paths.py", "errors.py")
+CORE = ("leases.py", "cache.py", "protocol.py", "paths.py", "errors.py", "settings.py")
 
 
 def imported_modules(source: pathlib.Path) -> set[str]:

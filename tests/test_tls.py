@@ -1,4 +1,10 @@
-"""Mutual TLS: certificate generation and real handshakes over TCP on 127.0.0.1."""
+"""Mutual TLS: certificate generation and real handshakes over TCP (``docs/design.md``,
+"Public API", integrations).
+
+Test rules: real sockets, because TLS is the point; 127.0.0.1 only, every listener
+on port 0; no sleeps; every handshake runs under a ``trio.fail_after`` of several
+seconds, a guard against a hang, never a timing assertion.
+"""
 
 from __future__ import annotations
 

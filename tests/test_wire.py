@@ -1,5 +1,10 @@
-"""The socket wire and the server's outbox over real TCP on 127.0.0.1: writes that do
-not fit the kernel's buffer wait for the peer, and nothing is lost or reordered."""
+"""The socket wire and the server's outbox over real TCP: writes that do not fit the
+kernel's buffer wait for the peer, and nothing is lost or reordered.
+
+Test rules: real sockets, because the kernel's buffer is the point; 127.0.0.1 only,
+every listener on port 0; a test sleeps only to poll, under ``trio.fail_after``, and
+asserts what arrived and in which order, never how long it took.
+"""
 
 from __future__ import annotations
 
