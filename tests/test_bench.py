@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from fscache import cli
-from fscache.bench import model, plots, speed, workload
+from fscache.bench import model, plots, speed, sweep, workload, workload_config
 from fscache.bench.driver import (
     ClientPlan,
     RunSpec,
@@ -113,8 +113,8 @@ def test_ttl_load_has_no_approvals() -> None:
 
 # ---------------------------------------------------------------- workload plumbing
 def test_each_file_is_read_by_sharing_clients_and_written_by_one() -> None:
-    cfg = workload.Config(clients=6, sharing=3, files=12)
-    plans = workload.plan_clients(cfg)
+    cfg = workload_config.Config(clients=6, sharing=3, files=12)
+    plans = workload_config.plan_clients(cfg)
     readers: dict[int, set[int]] = {}
     writers: dict[int, set[int]] = {}
     for plan in plans:
@@ -132,21 +132,21 @@ def test_each_file_is_read_by_sharing_clients_and_written_by_one() -> None:
 
 def test_zipf_popularity() -> None:
     # weights 1, 1/2, 1/3 normalised by 11/6
-    assert workload.popularity(3, "zipf", 1.0) == pytest.approx([6 / 11, 3 / 11, 2 / 11])
-    assert workload.popularity(4, "uniform", 1.0) == [0.25] * 4
+    assert workload_config.popularity(3, "zipf", 1.0) == pytest.approx([6 / 11, 3 / 11, 2 / 11])
+    assert workload_config.popularity(4, "uniform", 1.0) == [0.25] * 4
 
 
 def test_bad_configurations_are_refused() -> None:
     with pytest.raises(ValueError, match="multiple of --sharing"):
-        workload.Config(clients=5, sharing=2).validate()
+        workload_config.Config(clients=5, sharing=2).validate()
     with pytest.raises(ValueError, match="--files"):
-        workload.Config(clients=4, sharing=2, files=3).validate()
+        workload_config.Config(clients=4, sharing=2, files=3).validate()
     with pytest.raises(ValueError, match="unknown systems"):
-        workload.Config(systems=("nfs",)).validate()
+        workload_config.Config(systems=("nfs",)).validate()
 
 
 def test_quick_keeps_the_shape_of_the_curve() -> None:
-    full, quick = workload.Config(), workload.Config.quick_preset()
+    full, quick = workload_config.Config(), workload_config.Config.quick_preset()
     per_file = full.read_rate / full.files_per_client
     quick_per_file = quick.read_rate / quick.files_per_client
     # every quick term is a full-run term with R t (per lease stream) unchanged
@@ -229,8 +229,8 @@ def test_speed_table_compares_each_figure_with_its_target() -> None:
 
 
 # ---------------------------------------------------------------- tiny real runs
-def _tiny(systems: tuple[str, ...], terms: tuple[float, ...]) -> workload.Config:
-    return workload.Config(
+def _tiny(systems: tuple[str, ...], terms: tuple[float, ...]) -> workload_config.Config:
+    return workload_config.Config(
         clients=4, processes=2, read_rate=40.0, write_rate=4.0, sharing=2, files=4,
         file_size=64, duration=1.5, terms=terms, ttl_terms=(0.2,), skew=0.02,
         systems=systems, calibration_reads=100, quick=True,
@@ -240,7 +240,7 @@ def _tiny(systems: tuple[str, ...], terms: tuple[float, ...]) -> workload.Config
 @pytest.mark.slow
 def test_smoke_run_writes_results_table_and_plots(tmp_path: Path) -> None:
     cfg = _tiny(("fscache", "ttl"), (0.0, 0.4))
-    results = workload.run_benchmark(cfg, str(tmp_path), progress=False)
+    results = sweep.run_benchmark(cfg, str(tmp_path), progress=False)
 
     document = json.loads((tmp_path / "results.json").read_text())
     runs = document["runs"]
@@ -269,10 +269,10 @@ def test_smoke_run_writes_results_table_and_plots(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_smoke_run_with_the_redis_peer(tmp_path: Path) -> None:
-    why = workload.redis_unavailable()
+    why = sweep.redis_unavailable()
     if why is not None:
         pytest.skip(why)
-    results = workload.run_benchmark(_tiny(("redis",), (0.0,)), str(tmp_path), progress=False)
+    results = sweep.run_benchmark(_tiny(("redis",), (0.0,)), str(tmp_path), progress=False)
     (run,) = results["runs"]
     assert run["system"] == "redis" and run["term"] is None
     assert run.keys() >= REQUIRED_RUN_KEYS
