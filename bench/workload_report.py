@@ -11,7 +11,7 @@ from fscache.bench.workload_config import Config
 
 
 def check_targets(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Issue 5's targets, for fscache: within 25% of the model at every term > 0, and
+    """The workload's targets, for fscache: within 25% of the model at every term > 0, and
     the largest term at most a quarter of term 0's load."""
     fs = runs_of(runs, "fscache")
     positive = [r for r in fs if r["term"] > 0 and r["model_error"] is not None]
