@@ -1,1 +1,2 @@
-"""Benchmarks: issue 3's speed figures (``speed``) and the paper's workload (``workload``)."""
+"""Benchmarks: the speed figures (``speed``), the paper's workload (``workload``), the
+stale-read checker (``checker``) and the crash demo (``demo``)."""

@@ -25,7 +25,7 @@ broke) is *indeterminate*: it may have been applied, at any time after it began.
 1. the value was written by some write (``phantom`` otherwise);
 2. that write began before the read ended (``future`` otherwise);
 3. no write that began after that write ended had completed before the read began
-   (``stale`` otherwise): DESIGN.md section 1, "a read that starts after a write
+   (``stale`` otherwise): ``docs/design.md`` section 1, "a read that starts after a write
    completed sees that write or a later one". An indeterminate write never
    completes, for this rule.
 4. the same, where "completed" also counts a write *observed*: its value was

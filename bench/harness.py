@@ -13,13 +13,13 @@ import contextlib
 import functools
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from fscache.bench.procs import stop_command
 from fscache.cli import parse_serving_line
 
 START_TIMEOUT = 15.0  # seconds a server may take to print its address
@@ -48,17 +48,7 @@ class ServerProcess:
 
     def stop(self) -> None:
         """SIGTERM, wait, SIGKILL if it hangs; close the pipes. Idempotent."""
-        popen = self.popen
-        if popen.poll() is None:
-            popen.send_signal(signal.SIGTERM)
-            try:
-                popen.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                popen.kill()
-                popen.wait()
-        for pipe in (popen.stdout, popen.stderr):
-            if pipe is not None:
-                pipe.close()
+        stop_command(self.popen, STOP_TIMEOUT)
 
 
 def process_cpu_seconds(pid: int) -> float:

@@ -1,30 +1,35 @@
-"""Issue 3's speed figures, each a ratio to a baseline measured in the same run.
+"""The speed benchmark: fscache's hot paths, each a ratio to a baseline measured in
+the same run, with the fscache and baseline passes interleaved.
 
-``python -m fscache.bench.speed [--out speed.json]`` prints a table and, with
-``--out``, writes the same figures as JSON. Nothing here is asserted by tests:
-the numbers belong to the machine they were taken on.
+``python -m fscache.bench.speed [--out speed.json] [--quick]`` prints a table and,
+with ``--out``, writes the same figures (and every pass's result) as JSON. Nothing
+here is asserted by tests: the numbers belong to the machine they were taken on.
 
 1. **Cache hit** -- ``c.read(path)`` on a blocking and on an async client, against
-   a plain function doing a dict lookup and a ``time.monotonic()`` comparison.
-   Tight loops, best of several repeats (``timeit``'s method).
+   a plain function doing a dict lookup and a ``time.monotonic()`` comparison. A
+   pass is one tight loop (``timeit``'s method); its figure is seconds per call.
 2. **Miss** -- an async client reading files it has never read (each read is a
    round trip that is granted a lease) against one round trip to a bare trio echo
-   server that decodes and re-encodes each CBOR frame. Median of per-read times.
-   Also shown, to split the cost: the same request sent by the bare frame client
-   to the fscache server.
+   server that decodes and re-encodes each CBOR frame (:mod:`fscache.bench.echo`).
+   A pass reads ``--misses`` files; its figure is the median per read. Also shown,
+   to split the cost: the same request sent by the bare frame client to the
+   fscache server, and the echo loop on fscache's own socket I/O
+   (:class:`fscache.net.SocketWire`) as a second baseline.
 3. **Throughput** -- 50 concurrent clients, spread over worker processes, each
    reading its own small file with term 0 (every read reaches the server), against
    the echo server driven by the *same* load generator
-   (:class:`fscache.bench.frames.FrameConnection`). Messages are counted at the
-   server: one request in plus one reply out per round trip.
+   (:class:`fscache.bench.frames.FrameConnection`). A pass counts messages at the
+   server (one request in plus one reply out per round trip) over ``--seconds``;
+   the server's CPU time per request is read over the same window.
 
-Every server runs in its own process; so does every load generator.
-
-The fscache server drives plain TCP sockets with :class:`fscache.net.SocketWire`
-rather than trio's ``SocketStream`` (one pass through the scheduler per message
-instead of two). The issue's baseline is the plain trio echo server; rows marked
-"(vs echo on fscache's socket I/O)" also compare with the same echo loop on
-``SocketWire``, to show what is the I/O layer and what is fscache's own work.
+Every server runs in its own process, and all of one section's servers run
+together; so do the load generators, which serve every throughput pass. Machine
+noise comes in bursts, so no section times all its baseline passes first: each
+of ``--rounds`` rounds runs one pass of everything, in order on even rounds and
+in reverse on odd ones, so each fscache pass has a baseline pass beside it. A
+figure's ratio is the median over the rounds of the per-round ratio, shown with
+the smallest and largest of them; the fscache and baseline columns are the
+medians of their passes.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import multiprocessing
 import os
 import statistics
 import sys
@@ -40,25 +44,40 @@ import tempfile
 import time
 import timeit
 from collections.abc import Callable, Sequence
-from queue import Empty
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
 from fscache.bench.frames import FrameConnection
 from fscache.bench.harness import ServerProcess, echo_server, fscache_server
+from fscache.bench.procs import WorkerPool
 from fscache.protocol import read_frame
 
 FILE_SIZE = 64  # bytes: "a small file"
 LONG_TERM = 600.0  # leases that outlive the measurement: every warm read is a hit
 SERVER_CACHES_AFTER = 2.5  # s: the server caches only files whose ctime is this old
+LOAD_START = 0.3  # s from a throughput pass's request to its start: connections open
 
-TARGETS = {  # issue 3
+TARGETS = {
     "hit_blocking": 3.0,  # at most this many baselines
     "hit_async": 4.0,
     "miss": 1.4,  # at most this many echo round trips
     "throughput": 0.75,  # at least this fraction of the echo server's messages/s
 }
+
+Passes = dict[str, list[float]]  # a pass's name: its result in each round
+T = TypeVar("T")
+
+
+def interleave(passes: dict[str, Callable[[], T]], rounds: int) -> dict[str, list[T]]:
+    """Run every pass once per round, in the given order on even rounds and in reverse
+    on odd ones; each pass's results, round by round."""
+    results: dict[str, list[T]] = {name: [] for name in passes}
+    for i in range(rounds):
+        order = list(passes) if i % 2 == 0 else list(reversed(passes))
+        for name in order:
+            results[name].append(passes[name]())
+    return results
 
 
 # ---------------------------------------------------------------- cache hits
@@ -74,44 +93,41 @@ def cached_lookup(path: str) -> bytes | None:
     return None
 
 
-def best_per_call(fn: Callable[[str], object], arg: str, *, number: int, repeat: int) -> float:
-    """Seconds per call of ``fn(arg)``: timeit's tight loop, best of ``repeat``."""
-    timer = timeit.Timer("fn(arg)", globals={"fn": fn, "arg": arg})
-    return min(timer.repeat(repeat=repeat, number=number)) / number
+def per_call(fn: Callable[[str], object], arg: str, number: int) -> float:
+    """Seconds per call of ``fn(arg)`` over one tight loop of ``number`` calls."""
+    return timeit.Timer("fn(arg)", globals={"fn": fn, "arg": arg}).timeit(number) / number
 
 
-async def best_per_await(fn: Callable[[str], Any], arg: str, *, number: int, repeat: int) -> float:
-    """Seconds per ``await fn(arg)`` in the same kind of loop, best of ``repeat``."""
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in itertools.repeat(None, number):
-            await fn(arg)
-        best = min(best, time.perf_counter() - start)
-    return best / number
+async def per_await(fn: Callable[[str], Any], arg: str, number: int) -> float:
+    """Seconds per ``await fn(arg)`` over the same kind of loop."""
+    start = time.perf_counter()
+    for _ in itertools.repeat(None, number):
+        await fn(arg)
+    return (time.perf_counter() - start) / number
 
 
-def measure_hits(root: str, *, number: int, repeat: int) -> dict[str, float]:
+def measure_hits(root: str, *, number: int, rounds: int) -> Passes:
     import fscache
     from fscache.cache import Entry
 
     _write_files(root, ["hit"])
     _entries["hit"] = Entry(b"x" * FILE_SIZE, 1, time.monotonic() + 1e9)
-    result = {"hit_baseline_s": best_per_call(cached_lookup, "hit", number=number, repeat=repeat)}
-    with fscache_server(root, term=LONG_TERM) as server:
-        with fscache.connect(server.address) as blocking:
-            blocking.read("hit")  # the miss that takes the lease
-            result["hit_blocking_s"] = best_per_call(
-                blocking.read, "hit", number=number, repeat=repeat
-            )
+    with fscache_server(root, term=LONG_TERM) as server, fscache.connect(server.address) as c:
+        c.read("hit")  # the miss that takes the lease
 
-        async def run_async() -> float:
+        async def async_pass() -> float:
             async with fscache.open_client("127.0.0.1", server.port) as client:
-                await client.read("hit")
-                return await best_per_await(client.read, "hit", number=number, repeat=repeat)
+                await client.read("hit")  # the miss that takes the lease
+                return await per_await(client.read, "hit", number)
 
-        result["hit_async_s"] = trio.run(run_async)
-    return result
+        return interleave(
+            {
+                "hit_baseline_s": lambda: per_call(cached_lookup, "hit", number),
+                "hit_blocking_s": lambda: per_call(c.read, "hit", number),
+                "hit_async_s": lambda: trio.run(async_pass),
+            },
+            rounds,
+        )
 
 
 # ---------------------------------------------------------------- misses
@@ -145,52 +161,55 @@ async def _frame_round_trips(port: int, paths: Sequence[str]) -> list[float]:
     return times
 
 
-def measure_misses(root: str, *, count: int, repeat: int) -> dict[str, float]:
-    """Median seconds per miss (best of ``repeat`` passes, each over ``count`` files the
-    client has never read). Two kinds of file: *cold*, never read by the server
-    either, and *warm*, read through another connection first (the server's
-    content cache holds it, as for any file that some client reads)."""
-    cold = [f"miss/{i:05d}" for i in range(count * repeat)]
-    warm = [f"warm/{i:05d}" for i in range(count * repeat)]
-    _write_files(root, cold + warm)
+def measure_misses(root: str, *, count: int, rounds: int) -> Passes:
+    """Median seconds per miss of each pass, every pass over ``count`` files its client
+    has never read. Two kinds of file: *cold*, never read by the server either, and
+    *warm*, read through another connection first (the server's content cache holds
+    it, as for any file that some client reads)."""
+    names = {kind: [f"{kind}/{i:05d}" for i in range(count * rounds)] for kind in (
+        "miss", "frame", "warm")}  # fmt: skip
+    _write_files(root, [name for kind in names.values() for name in kind])
     written = time.monotonic()
-    result: dict[str, float] = {}
-    for key, wire in (("echo_rtt_s", False), ("echo_wire_rtt_s", True)):
-        with echo_server(wire=wire) as echo:
-            result[key] = min(
-                statistics.median(trio.run(_frame_round_trips, echo.port, paths))
-                for paths in _passes(cold, count, repeat)
-            )
-    time.sleep(max(0.0, written + SERVER_CACHES_AFTER - time.monotonic()))
-    with fscache_server(root, term=LONG_TERM) as server:
-        result["miss_s"] = min(
-            statistics.median(trio.run(_fscache_misses, server.port, paths))
-            for paths in _passes(cold[: count * repeat // 2], count // 2, repeat)
+    unread = {kind: iter(_chunks(paths, count)) for kind, paths in names.items()}
+    echoed = names["miss"][:count]  # an echo server reads no file: any names will do
+
+    def median_of(run: Callable[[int, Sequence[str]], Any], port: int, kind: str) -> float:
+        paths = echoed if kind == "echo" else next(unread[kind])
+        times: list[float] = trio.run(run, port, paths)
+        return statistics.median(times)
+
+    with (
+        echo_server() as echo,
+        echo_server(wire=True) as echo_wire,
+        fscache_server(root, term=LONG_TERM) as server,
+    ):
+        time.sleep(max(0.0, written + SERVER_CACHES_AFTER - time.monotonic()))
+        trio.run(_frame_round_trips, server.port, names["warm"])  # another client reads them
+        return interleave(
+            {
+                "echo_rtt_s": lambda: median_of(_frame_round_trips, echo.port, "echo"),
+                "miss_s": lambda: median_of(_fscache_misses, server.port, "miss"),
+                "echo_wire_rtt_s": lambda: median_of(_frame_round_trips, echo_wire.port, "echo"),
+                "miss_frame_client_s": lambda: median_of(_frame_round_trips, server.port, "frame"),
+                "miss_warm_s": lambda: median_of(_fscache_misses, server.port, "warm"),
+            },
+            rounds,
         )
-        result["miss_frame_client_s"] = min(
-            statistics.median(trio.run(_frame_round_trips, server.port, paths))
-            for paths in _passes(cold[count * repeat // 2 :], count // 2, repeat)
-        )
-        trio.run(_frame_round_trips, server.port, warm)  # another client reads them first
-        result["miss_warm_s"] = min(
-            statistics.median(trio.run(_fscache_misses, server.port, paths))
-            for paths in _passes(warm, count, repeat)
-        )
-    return result
 
 
-def _passes(names: Sequence[str], count: int, repeat: int) -> list[Sequence[str]]:
-    return [names[i * count : (i + 1) * count] for i in range(repeat)]
+def _chunks(names: Sequence[str], count: int) -> list[Sequence[str]]:
+    """``names`` cut into passes of ``count``."""
+    return [names[i : i + count] for i in range(0, len(names), count)]
 
 
 # ---------------------------------------------------------------- throughput
-def _load_generator(
-    port: int, paths: list[str], start_at: float, count_from: float, stop_at: float, out: Any
-) -> None:
-    """One worker process: a closed loop per path, one request in flight each.
-    Puts the number of round trips completed in ``[count_from, stop_at)``."""
+def _load_generator(connection: Any) -> None:
+    """A load generator process: for each request ``(port, paths, start_at, count_from,
+    stop_at)``, a closed loop per path with one request in flight each; replies with
+    the number of round trips completed in ``[count_from, stop_at)``."""
 
-    async def run() -> int:
+    async def run(port: int, paths: list[str], start_at: float, count_from: float,
+                  stop_at: float) -> int:  # fmt: skip
         connections = [await FrameConnection.open("127.0.0.1", port) for _ in paths]
         counted = 0
 
@@ -214,76 +233,59 @@ def _load_generator(
                 await connection.aclose()
         return counted
 
-    out.put(trio.run(run))
+    while (request := connection.recv()) is not None:
+        connection.send(trio.run(run, *request))
 
 
 def run_load(
-    server: ServerProcess, paths: list[str], *, processes: int, seconds: float
+    pool: WorkerPool, server: ServerProcess, shares: list[list[str]], seconds: float
 ) -> tuple[float, float]:
-    """Round trips per second that ``processes`` load generators get from ``server``,
+    """Round trips per second that the pool's load generators get from ``server``,
     and the server's CPU seconds per round trip over the same window."""
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    start_at = time.monotonic() + 2.0  # every worker connected and waiting by then
+    start_at = time.monotonic() + LOAD_START
     count_from = start_at + min(1.0, seconds / 4)  # warm-up not counted
     stop_at = count_from + seconds
-    shares = [paths[i::processes] for i in range(processes)]
-    workers = [
-        context.Process(
-            target=_load_generator,
-            args=(server.port, share, start_at, count_from, stop_at, queue),
-        )
-        for share in shares
-    ]
-    for worker in workers:
-        worker.start()
-    try:
-        time.sleep(max(0.0, count_from - time.monotonic()))
-        cpu = server.cpu_seconds()
-        time.sleep(max(0.0, stop_at - time.monotonic()))
-        cpu = server.cpu_seconds() - cpu
-        total = 0
-        for _ in workers:
-            while True:
-                try:
-                    total += queue.get(timeout=1.0)
-                    break
-                except Empty:
-                    if time.monotonic() > stop_at + 30 or all(
-                        w.exitcode not in (None, 0) for w in workers
-                    ):
-                        raise RuntimeError("a load generator failed; see its traceback") from None
-    finally:
-        for worker in workers:
-            worker.join(10)
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
-            worker.close()
-        queue.close()
-        queue.join_thread()
+    pool.send_all([(server.port, share, start_at, count_from, stop_at) for share in shares])
+    time.sleep(max(0.0, count_from - time.monotonic()))
+    cpu = server.cpu_seconds()
+    time.sleep(max(0.0, stop_at - time.monotonic()))
+    cpu = server.cpu_seconds() - cpu
+    total = sum(pool.receive_all(30.0))
     return total / seconds, cpu / max(total, 1)
 
 
 def measure_throughput(
-    root: str, *, clients: int, processes: int, seconds: float
-) -> dict[str, float]:
+    root: str, *, clients: int, processes: int, seconds: float, rounds: int
+) -> Passes:
     paths = [f"load/{i:03d}" for i in range(clients)]
     _write_files(root, paths)
-    with echo_server() as echo:
-        echo_rate, echo_cpu = run_load(echo, paths, processes=processes, seconds=seconds)
-    with fscache_server(root, term=0.0) as server:
-        fscache_rate, fscache_cpu = run_load(server, paths, processes=processes, seconds=seconds)
-    with echo_server(wire=True) as echo:
-        wire_rate, wire_cpu = run_load(echo, paths, processes=processes, seconds=seconds)
-    return {  # messages at the server: a request in and a reply out per round trip
-        "echo_msgs_per_s": 2 * echo_rate,
-        "fscache_msgs_per_s": 2 * fscache_rate,
-        "echo_wire_msgs_per_s": 2 * wire_rate,
-        "echo_cpu_per_request_s": echo_cpu,
-        "fscache_cpu_per_request_s": fscache_cpu,
-        "echo_wire_cpu_per_request_s": wire_cpu,
-    }
+    shares = [paths[i::processes] for i in range(processes)]
+    pool = WorkerPool(_load_generator, processes, name="load-generator")
+    try:
+        with (
+            echo_server() as echo,
+            fscache_server(root, term=0.0) as server,
+            echo_server(wire=True) as echo_wire,
+        ):
+
+            def load_pass(server: ServerProcess) -> Callable[[], tuple[float, float]]:
+                return lambda: run_load(pool, server, shares, seconds)
+
+            runs = interleave(
+                {
+                    "echo": load_pass(echo),
+                    "fscache": load_pass(server),
+                    "echo_wire": load_pass(echo_wire),
+                },
+                rounds,
+            )
+    finally:
+        pool.close()
+    result: Passes = {}
+    for name, per_round in runs.items():  # messages at the server: a request in, a reply out
+        result[f"{name}_msgs_per_s"] = [2 * rate for rate, _ in per_round]
+        result[f"{name}_cpu_per_request_s"] = [cpu for _, cpu in per_round]
+    return result
 
 
 # ---------------------------------------------------------------- the report
@@ -295,103 +297,105 @@ def _write_files(root: str, names: Sequence[str]) -> None:
             f.write(name.encode().ljust(FILE_SIZE, b"."))
 
 
-def summarize(raw: dict[str, float]) -> list[dict[str, Any]]:
-    """The rows of the table: figure, baseline, ratio, target, met."""
+def summarize(passes: Passes) -> list[dict[str, Any]]:
+    """The rows of the table: figure, fscache, baseline, ratio (the median of the
+    per-round ratios, and their smallest and largest), target, met."""
 
     def row(
         name: str,
-        value: float,
-        base: float,
+        key: str,
+        base_key: str,
         unit: str,
         target: float | None = None,
         at_most: bool = True,
     ) -> dict[str, Any]:
         """A figure against its baseline; with no target, a row for context."""
-        ratio = value / base
+        scale = 1e6 if unit == "us" else 1.0
+        ratios = [v / b for v, b in zip(passes[key], passes[base_key], strict=True)]
+        ratio = statistics.median(ratios)
         return {
             "figure": name,
-            "value": value,
-            "baseline": base,
+            "value": statistics.median(passes[key]) * scale,
+            "baseline": statistics.median(passes[base_key]) * scale,
             "unit": unit,
             "ratio": ratio,
+            "ratio_spread": [min(ratios), max(ratios)],
+            "rounds": len(ratios),
             "target": "(info)" if target is None else f"{'<=' if at_most else '>='} {target:g}",
             "met": None if target is None else ratio <= target if at_most else ratio >= target,
         }
 
-    us = 1e6
-    rows = [
-        row("hit, blocking client", raw["hit_blocking_s"] * us, raw["hit_baseline_s"] * us,
-            "us", TARGETS["hit_blocking"], True),
-        row("hit, async client", raw["hit_async_s"] * us, raw["hit_baseline_s"] * us,
-            "us", TARGETS["hit_async"], True),
-        row("miss (lease granted), async client", raw["miss_s"] * us, raw["echo_rtt_s"] * us,
-            "us", TARGETS["miss"], True),
-        row("  same, file warm on the server", raw["miss_warm_s"] * us, raw["echo_rtt_s"] * us,
-            "us", TARGETS["miss"], True),
-        row("throughput, 50 clients, term 0", raw["fscache_msgs_per_s"],
-            raw["echo_msgs_per_s"], "msg/s", TARGETS["throughput"], False),
+    return [
+        row("hit, blocking client", "hit_blocking_s", "hit_baseline_s", "us",
+            TARGETS["hit_blocking"]),
+        row("hit, async client", "hit_async_s", "hit_baseline_s", "us", TARGETS["hit_async"]),
+        row("miss (lease granted), async client", "miss_s", "echo_rtt_s", "us", TARGETS["miss"]),
+        row("  same, file warm on the server", "miss_warm_s", "echo_rtt_s", "us",
+            TARGETS["miss"]),
+        row("  (miss, bare frame client)", "miss_frame_client_s", "echo_rtt_s", "us"),
+        row("  (miss vs echo on fscache's socket I/O)", "miss_s", "echo_wire_rtt_s", "us"),
+        row("throughput, 50 clients, term 0", "fscache_msgs_per_s", "echo_msgs_per_s", "msg/s",
+            TARGETS["throughput"], at_most=False),
+        row("  (vs echo on fscache's socket I/O)", "fscache_msgs_per_s", "echo_wire_msgs_per_s",
+            "msg/s"),
+        row("  (server CPU per request)", "fscache_cpu_per_request_s", "echo_cpu_per_request_s",
+            "us"),
     ]  # fmt: skip
-    info_rows = [  # (position in the table, row): context, no target
-        (4, row("  (miss, bare frame client)", raw["miss_frame_client_s"] * us,
-                raw["echo_rtt_s"] * us, "us")),
-        (5, row("  (miss vs echo on fscache's socket I/O)", raw["miss_s"] * us,
-                raw["echo_wire_rtt_s"] * us, "us")),
-        (7, row("  (vs echo on fscache's socket I/O)", raw["fscache_msgs_per_s"],
-                raw["echo_wire_msgs_per_s"], "msg/s")),
-        (8, row("  (server CPU per request)", raw["fscache_cpu_per_request_s"] * us,
-                raw["echo_cpu_per_request_s"] * us, "us")),
-    ]  # fmt: skip
-    for position, info in info_rows:
-        rows.insert(position, info)
-    return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = f"{'figure':42} {'fscache':>12} {'baseline':>12} {'ratio':>7} {'target':>8}  met"
+    header = (
+        f"{'figure':42} {'fscache':>12} {'baseline':>12} {'ratio [spread]':>19} {'target':>8}  met"
+    )
     lines = [header, "-" * len(header)]
     for r in rows:
         met = {True: "yes", False: "NO", None: ""}[r["met"]]
         unit = r["unit"]
         value = f"{r['value']:.3f} {unit}" if unit == "us" else f"{r['value']:,.0f} {unit}"
         base = f"{r['baseline']:.3f} {unit}" if unit == "us" else f"{r['baseline']:,.0f} {unit}"
-        lines.append(
-            f"{r['figure']:42} {value:>12} {base:>12} {r['ratio']:>7.2f} {r['target']:>8}  {met}"
-        )
+        low, high = r["ratio_spread"]
+        ratio = f"{r['ratio']:.2f} [{low:.2f}, {high:.2f}]"
+        lines.append(f"{r['figure']:42} {value:>12} {base:>12} {ratio:>19} {r['target']:>8}  {met}")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fscache.bench.speed", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m fscache.bench.speed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", help="write the figures as JSON to this file")
-    parser.add_argument("--hit-loops", type=int, default=1_000_000, help="calls per repeat")
-    parser.add_argument("--repeat", type=int, default=7, help="repeats (the best is kept)")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per section")
+    parser.add_argument("--hit-loops", type=int, default=1_000_000, help="calls per hit pass")
     parser.add_argument("--misses", type=int, default=2000, help="files read per miss pass")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--processes", type=int, default=2, help="load generator processes")
-    parser.add_argument("--seconds", type=float, default=5.0, help="throughput window")
+    parser.add_argument("--seconds", type=float, default=2.0, help="throughput pass window")
     parser.add_argument("--quick", action="store_true", help="fewer loops (a smoke test)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.hit_loops, args.repeat, args.misses, args.seconds = 20_000, 2, 200, 1.0
-    raw: dict[str, float] = {}
+        args.rounds, args.hit_loops, args.misses, args.seconds = 3, 20_000, 200, 0.5
+    passes: Passes = {}
     with tempfile.TemporaryDirectory(prefix="fscache-speed-") as tmp:
-        measures: list[tuple[str, Callable[[str], dict[str, float]]]] = [
-            ("hits", lambda r: measure_hits(r, number=args.hit_loops, repeat=args.repeat)),
-            ("misses", lambda r: measure_misses(r, count=args.misses, repeat=3)),
+        measures: list[tuple[str, Callable[[str], Passes]]] = [
+            ("hits", lambda r: measure_hits(r, number=args.hit_loops, rounds=args.rounds)),
+            ("misses", lambda r: measure_misses(r, count=args.misses, rounds=args.rounds)),
             ("throughput", lambda r: measure_throughput(
-                r, clients=args.clients, processes=args.processes, seconds=args.seconds)),
+                r, clients=args.clients, processes=args.processes, seconds=args.seconds,
+                rounds=args.rounds)),
         ]  # fmt: skip
         for name, measure in measures:
             root = os.path.join(tmp, name)
             os.mkdir(root)
             print(f"measuring {name} ...", file=sys.stderr, flush=True)
-            raw.update(measure(root))
-    rows = summarize(raw)
+            passes.update(measure(root))
+    rows = summarize(passes)
     print(format_table(rows))
     if args.out:
         document = {
             "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-            "raw": raw,
+            "passes": passes,
             "rows": rows,
         }
         with open(args.out, "w") as f:

@@ -1,8 +1,12 @@
-"""``fscache demo crash``: the real command, real processes, real time.
+"""``fscache demo crash``: real processes, real time.
 
-The demo judges its own timing (expected versus measured wait) and says so in its
-verdict and exit status; these tests assert that verdict and the timeline's key
-lines, never a wall-clock figure of their own.
+The demo judges its own timing against the lease rules and says so in its verdict
+and exit status. On a busy machine a write may land late, so the full runs here
+use a tolerance only a real bug exceeds for everything that may be *late* (a
+prompt approval, the write after the dead reader's lease): those are speed.
+What may not be *early* keeps the demo's own bound: the write must not land before
+``grant + term + skew`` (safety), and the dead reader must have stopped trusting
+its copy before the write landed. No test asserts a wall-clock figure of its own.
 """
 
 from __future__ import annotations
@@ -15,26 +19,24 @@ import sys
 import pytest
 
 from fscache.bench import demo
+from fscache.bench.demo_script import Tolerances
 
 pytestmark = pytest.mark.slow
 
 TIMEOUT = 60  # the demo itself takes about term + 1.5 s
+PATIENT = Tolerances(prompt=10.0, late=10.0)  # `early` stays the demo's own bound
 
 
-def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fscache", "demo", "crash", *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
+def run_demo_in_process(*, term: float, clients: int) -> tuple[int, list[str]]:
+    out = io.StringIO()  # not a terminal
+    status = demo.run_crash_demo(term=term, clients=clients, out=out, tolerances=PATIENT)
+    return status, out.getvalue().rstrip().splitlines()
 
 
 def test_crash_demo_shows_the_writer_waiting_out_the_dead_readers_lease() -> None:
-    result = run_demo("--term", "1.5", "--clients", "3")
-    out = result.stdout
-    assert result.returncode == 0, out + result.stderr
+    status, lines = run_demo_in_process(term=1.5, clients=3)
+    out = "\n".join(lines)
+    assert status == 0, out
     assert "\x1b[" not in out  # not a terminal: no colour, no redrawn lines
     assert "reader 0   KILLED with SIGKILL" in out
     for reader in ("reader 1", "reader 2"):
@@ -47,23 +49,45 @@ def test_crash_demo_shows_the_writer_waiting_out_the_dead_readers_lease() -> Non
     assert "its held read returned generation 3" in out
     assert "writer     read generation 3" in out
     assert "FAIL" not in out
-    assert out.rstrip().splitlines()[-1].startswith("OK: the writer waited ")
+    for check in ("write past the dead reader", "no stale read possible", "on disk"):
+        assert any(line.startswith(f"  ok    {check}") for line in lines), check
+    assert lines[-1].startswith("OK: the writer waited ")
+
+
+def test_the_events_come_in_the_order_the_lease_rules_give() -> None:
+    status, lines = run_demo_in_process(term=1.0, clients=2)
+    assert status == 0, "\n".join(lines)
+
+    def first(text: str, after: int = 0) -> int:
+        return next(i for i, line in enumerate(lines) if i > after and text in line)
+
+    killed = first("reader 0   KILLED with SIGKILL")
+    write = first("writer     writes generation 3")
+    approved = first("reader 1   approval request: dropped its copy and approved", write)
+    applied = first("writer     write applied after", write)
+    final = first("reader 1   read generation 3", applied)
+    assert killed < write < approved < applied < final
 
 
 def test_crash_demo_refuses_a_single_client() -> None:
-    result = run_demo("--clients", "1")
+    result = subprocess.run(
+        [sys.executable, "-m", "fscache", "demo", "crash", "--clients", "1"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     assert result.returncode == 1
     assert "--clients must be at least 2" in result.stderr
     assert result.stdout == ""
 
 
-def test_crash_demo_exits_non_zero_when_the_wait_deviates(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # An impossible tolerance: any real wait is "late", so the demo must say FAIL.
-    monkeypatch.setattr(demo, "LATE_MARGIN", -1.0)
+def test_a_write_that_lands_before_the_lease_ran_out_fails_the_demo() -> None:
+    # The safety bound, made impossible: even a write that lands exactly on time is
+    # "early" by this tolerance, so the demo must say FAIL.
     out = io.StringIO()
-    assert demo.run_crash_demo(term=1.0, clients=2, out=out) == 1
+    strict = Tolerances(prompt=10.0, early=-1.0, late=10.0)
+    assert demo.run_crash_demo(term=1.0, clients=2, out=out, tolerances=strict) == 1
     lines = out.getvalue().rstrip().splitlines()
     assert any(line.startswith("  FAIL  write past the dead reader") for line in lines)
-    assert lines[-1].startswith("FAIL: write past the dead reader: expected +")
+    assert any(line.startswith("FAIL: ") for line in lines)

@@ -1,0 +1,67 @@
+"""The crash demo's timeline on the terminal: stamped lines, section titles, and
+one live status line (only on a terminal)."""
+
+from __future__ import annotations
+
+import os
+from typing import ClassVar, TextIO
+
+WHO_WIDTH = 9  # "reader 10"
+
+
+class Console:
+    """The timeline: stamped lines, section titles, and one live status line (TTY)."""
+
+    STYLES: ClassVar[dict[str, str]] = {
+        "bold": "1",
+        "dim": "2",
+        "red": "1;31",
+        "green": "1;32",
+    }
+
+    def __init__(self, t0: float, out: TextIO) -> None:
+        self.t0 = t0
+        self.out = out
+        self.tty = out.isatty()
+        self.colour = self.tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+        self._status = ""
+
+    def paint(self, text: str, style: str) -> str:
+        return f"\x1b[{self.STYLES[style]}m{text}\x1b[0m" if self.colour else text
+
+    def rel(self, t: float) -> str:
+        return f"+{t - self.t0:.3f}"
+
+    def _print(self, line: str) -> None:
+        status = self._status
+        self.clear_status()
+        print(line, file=self.out, flush=True)
+        if status:
+            self.status(status)
+
+    def line(self, text: str = "") -> None:
+        self._print(text)
+
+    def section(self, title: str) -> None:
+        self._print("")
+        self._print(self.paint(title, "bold"))
+
+    def event(self, t: float, who: str, text: str, style: str | None = None) -> None:
+        stamp = self.paint(f"{self.rel(t):>9}", "dim")
+        body = f"{who:<{WHO_WIDTH}}  {text}"
+        self._print(f"{stamp}  {self.paint(body, style) if style else body}")
+
+    def status(self, text: str) -> None:
+        """A line redrawn in place; only on a terminal."""
+        if not self.tty:
+            return
+        pad = " " * max(0, len(self._status) - len(text))
+        self.out.write(f"\r{text}{pad}")
+        self.out.flush()
+        self._status = text
+
+    def clear_status(self) -> None:
+        if self._status:
+            self.out.write("\r" + " " * len(self._status) + "\r")
+            self.out.flush()
+            self._status = ""

@@ -1,0 +1,158 @@
+"""Child processes of the benchmarks and the demo: start them, read what they say,
+and stop every one of them on every path out.
+
+Two kinds of child: a *command* (``subprocess.Popen``: a server, a demo reader),
+stopped with SIGTERM and, if it hangs, SIGKILL; and a *worker* (a ``spawn``
+``multiprocessing`` process running a Python function), driven over a pipe by a
+:class:`WorkerPool` and told to stop by ``None`` on its pipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import subprocess
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import trio
+
+
+def stop_command(popen: subprocess.Popen[Any], timeout: float) -> None:
+    """SIGTERM, wait up to ``timeout`` s, SIGKILL if it hangs; close the pipes. Idempotent."""
+    if popen.poll() is None:
+        popen.terminate()
+        try:
+            popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+    for pipe in (popen.stdin, popen.stdout, popen.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+def join_worker(process: BaseProcess, timeout: float) -> None:
+    """Wait up to ``timeout`` s for ``process`` to end, SIGKILL it if it does not."""
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+    process.close()
+
+
+class Commands:
+    """Commands started with their stderr in a log file each; :meth:`stop_all` ends
+    whatever still runs."""
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, argv: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+        log_path = os.path.join(self.log_dir, f"{name}.log")
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,  # a Ctrl-C at the terminal is ours to handle
+            )
+        self.procs.append(proc)
+        return proc, log_path
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            stop_command(proc, 3.0)
+
+
+def stdout_stream(proc: subprocess.Popen[bytes]) -> trio.lowlevel.FdStream:
+    """An async stream on a duplicate of the child's stdout. ``proc.stdout`` stays open
+    until the child is stopped, so a child that prints while it stops after we
+    stopped listening (the server's "SIGTERM: shutting down") gets no broken pipe."""
+    assert proc.stdout is not None
+    return trio.lowlevel.FdStream(os.dup(proc.stdout.fileno()))
+
+
+async def lines(stream: trio.abc.ReceiveStream) -> AsyncGenerator[str, None]:
+    """The lines of ``stream`` (without newlines) until end of input."""
+    buffer = b""
+    while True:
+        data = await stream.receive_some(65536)
+        if not data:
+            if buffer:
+                yield buffer.decode(errors="replace")
+            return
+        buffer += data
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            yield line.decode(errors="replace")
+
+
+async def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """The child's exit status, or ``None`` if it still runs after ``timeout`` s."""
+    with trio.move_on_after(timeout):
+        while proc.poll() is None:
+            await trio.sleep(0.01)
+    return proc.poll()
+
+
+def tail(path: str, count: int = 8) -> list[str]:
+    """The last ``count`` lines of a log file (none if it cannot be read)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().splitlines()[-count:]
+    except OSError:
+        return []
+
+
+class WorkerPool:
+    """``n`` worker processes running ``target(connection)``, reused for many rounds:
+    send each a request, then collect one reply from each."""
+
+    def __init__(self, target: Callable[[Any], None], n: int, *, name: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.pipes = []
+        self.processes = []
+        for i in range(n):
+            ours, theirs = context.Pipe()
+            process = context.Process(
+                target=target, args=(theirs,), name=f"{name}-{i}", daemon=True
+            )
+            process.start()
+            theirs.close()
+            self.pipes.append(ours)
+            self.processes.append(process)
+
+    def send_all(self, items: Sequence[Any]) -> None:
+        for pipe, item in zip(self.pipes, items, strict=True):
+            pipe.send(item)
+
+    def receive_all(self, timeout: float) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        replies = []
+        for pipe, process in zip(self.pipes, self.processes, strict=True):
+            while not pipe.poll(0.2):
+                if not process.is_alive():
+                    raise RuntimeError(f"{process.name} died (exit code {process.exitcode})")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{process.name} did not answer in {timeout:.0f} s")
+            replies.append(pipe.recv())
+        return replies
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError, BrokenPipeError):
+                pipe.send(None)
+        for process in self.processes:
+            join_worker(process, 10.0)
+        for pipe in self.pipes:
+            pipe.close()
