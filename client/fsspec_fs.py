@@ -107,7 +107,7 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         path = self._strip_protocol(path)
         try:
-            entries = self._below(path, maxdepth=1)
+            entries = self._below(path, maxdepth=1, sized=detail)
         except NotADirectoryError:  # a file lists itself
             entries = {path: self.info(path)}
         if entries is None:
@@ -129,7 +129,7 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
             raise ValueError("maxdepth must be at least 1")
         path = self._strip_protocol(path)
         try:
-            entries = self._below(path, maxdepth) or {}
+            entries = self._below(path, maxdepth, sized=detail) or {}
         except NotADirectoryError:  # a file finds itself
             entries = {path: self.info(path)}
         except FileNotFoundError:
@@ -143,23 +143,27 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         }
         return found if detail else list(found)
 
-    def _below(self, path: str, maxdepth: int | None) -> dict[str, Info] | None:
+    def _below(self, path: str, maxdepth: int | None, *, sized: bool) -> dict[str, Info] | None:
         """Every live entry below the directory ``path`` down to ``maxdepth`` levels
         (None: all), or None if no file lies below it. ``FileNotFoundError`` if
-        ``path`` does not exist, ``NotADirectoryError`` if it is a file."""
+        ``path`` does not exist, ``NotADirectoryError`` if it is a file. Files are
+        stat'ed for their size and version only if ``sized``."""
         entries: dict[str, Info] = {}
         holds_a_file = False
         for name in self._listdir(path):
             full = _join(path, name.rstrip("/"))
             if name.endswith("/"):
                 if maxdepth is None or maxdepth > 1:
-                    below = self._below_or_none(full, None if maxdepth is None else maxdepth - 1)
+                    depth = None if maxdepth is None else maxdepth - 1
+                    below = self._below_or_none(full, depth, sized=sized)
                     if below is None:
                         continue
                     entries.update(below)
                 elif not self._holds_a_file(full):
                     continue
                 entries[full] = _directory(full)
+            elif not sized:
+                entries[full] = {"name": full, "type": "file"}
             else:
                 try:
                     entries[full] = self.info(full)
@@ -168,11 +172,13 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
             holds_a_file = True
         return entries if holds_a_file else None
 
-    def _below_or_none(self, path: str, maxdepth: int | None) -> dict[str, Info] | None:
+    def _below_or_none(
+        self, path: str, maxdepth: int | None, *, sized: bool
+    ) -> dict[str, Info] | None:
         """:meth:`_below` of a subdirectory, which may vanish or turn into a file
         between its parent's listing and its own."""
         try:
-            return self._below(path, maxdepth)
+            return self._below(path, maxdepth, sized=sized)
         except (FileNotFoundError, NotADirectoryError):
             return None
 

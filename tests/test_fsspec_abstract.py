@@ -8,9 +8,11 @@ suite runs with ``supports_empty_directories`` false.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 
@@ -20,13 +22,23 @@ import pytest
 from fscache.cli import parse_serving_line
 from fscache.client.fsspec_fs import FscacheFileSystem
 
+# The store fsyncs every write and delete; these tests are about fsspec's conventions,
+# not durability, so the root lives on a memory file system where one is mounted.
+MEMORY_FS = "/dev/shm"
+
 
 @pytest.fixture(scope="module")
-def server_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+def server_address() -> Iterator[tuple[str, int]]:
     """A real ``fscache serve`` process on a free port: ``(host, port)``."""
-    root = tmp_path_factory.mktemp("root")
+    with tempfile.TemporaryDirectory(
+        prefix="fscache-fsspec-", dir=MEMORY_FS if os.path.isdir(MEMORY_FS) else None
+    ) as root:
+        yield from _serve(root)
+
+
+def _serve(root: str) -> Iterator[tuple[str, int]]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0"],
+        [sys.executable, "-m", "fscache", "serve", "--root", root, "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
