@@ -1,11 +1,22 @@
-"""fsspec speaks fscache: ``fsspec.open("fscache://host:port/path")``."""
+"""fsspec speaks fscache: ``fsspec.open("fscache://host:port/path")``.
+
+The conventions fsspec's own abstract tests do not pin down (those run in
+test_fsspec_abstract.py): listings of files, object-store directories, the error
+types, exclusive creates that lose a race, ranged reads answered from the lease
+cache. The file system is blocking, so each test drives it from a worker thread
+while the server runs on the test's trio loop.
+"""
 
 from __future__ import annotations
+
+import errno
+from collections.abc import Callable
 
 import fsspec
 import pytest
 import trio
 
+from fscache.client.fsspec_fs import FscacheFileSystem
 from fscache.server.service import ServerSettings, serve
 
 
@@ -15,25 +26,200 @@ async def address(nursery, root):
     return f"127.0.0.1:{server.port}"
 
 
+async def with_fs(address: str, use_it: Callable[[FscacheFileSystem], None]) -> None:
+    """Run ``use_it`` on a worker thread with a file system of its own on ``address``."""
+
+    def run() -> None:
+        host, port = address.split(":")
+        fs = FscacheFileSystem(host=host, port=int(port), skip_instance_cache=True)
+        try:
+            use_it(fs)
+        finally:
+            fs.client.close()
+
+    await trio.to_thread.run_sync(run)
+
+
 async def test_fsspec_reads_writes_lists_and_deletes(address):
-    def use_it() -> None:
+    def use_it(fs: FscacheFileSystem) -> None:
         with fsspec.open(f"fscache://{address}/docs/a.txt", "wb") as f:
             f.write(b"through fsspec")
         with fsspec.open(f"fscache://{address}/docs/a.txt", "rb") as f:
             assert f.read() == b"through fsspec"
-        fs = fsspec.filesystem("fscache", host="127.0.0.1", port=int(address.split(":")[1]))
         assert fs.ls("docs", detail=False) == ["docs/a.txt"]
         assert fs.info("docs/a.txt")["size"] == 14
         assert fs.info("docs")["type"] == "directory"
         assert fs.cat_file("docs/a.txt", start=8) == b"fsspec"
         fs.pipe_file("docs/b.txt", b"b")
-        assert sorted(fs.ls("docs", detail=False)) == ["docs/a.txt", "docs/b.txt"]
+        assert fs.ls("docs", detail=False) == ["docs/a.txt", "docs/b.txt"]
         fs.rm_file("docs/a.txt")
         assert not fs.exists("docs/a.txt")
         with pytest.raises(FileNotFoundError):
             fs.cat_file("docs/a.txt")
         with pytest.raises(FileNotFoundError):
             fs.rm_file("docs/a.txt")
-        fs.client.close()
 
-    await trio.to_thread.run_sync(use_it)
+    await with_fs(address, use_it)
+
+
+async def test_listings_follow_fsspecs_conventions(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe({"d/a": b"1", "d/sub/b": b"22", "d/sub/deep/c": b"333"})
+        assert fs.ls("fscache://127.0.0.1:1/d/a") == [
+            {"name": "d/a", "size": 1, "type": "file", "version": fs.info("d/a")["version"]}
+        ]  # a file lists itself; names carry no protocol
+        assert [(i["name"], i["type"]) for i in fs.ls("d")] == [
+            ("d/a", "file"),
+            ("d/sub", "directory"),
+        ]
+        assert fs.ls("", detail=False) == ["d"]
+        assert fs.find("d") == ["d/a", "d/sub/b", "d/sub/deep/c"]
+        assert fs.find("d", withdirs=True, maxdepth=2) == [
+            "d",
+            "d/a",
+            "d/sub",
+            "d/sub/b",
+            "d/sub/deep",
+        ]
+        assert fs.find("d/a") == ["d/a"]
+        assert fs.glob("d/**/b") == ["d/sub/b"]
+        assert fs.glob("d/*/") == ["d/sub"]
+        assert fs.du("d") == 6
+        assert fs.du("d", total=False) == {"d/a": 1, "d/sub/b": 2, "d/sub/deep/c": 3}
+        assert list(fs.walk("d")) == [
+            ("d", ["sub"], ["a"]),
+            ("d/sub", ["deep"], ["b"]),
+            ("d/sub/deep", [], ["c"]),
+        ]
+        assert fs.isdir("d/sub") and not fs.isfile("d/sub")
+        assert fs.isfile("d/a") and not fs.isdir("d/a")
+        with pytest.raises(FileNotFoundError):
+            fs.ls("nothing")
+        assert fs.find("nothing") == []
+
+    await with_fs(address, use_it)
+
+
+async def test_a_directory_exists_while_a_file_lies_below_it(address, root):
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.mkdir("made")  # object-store convention: nothing to make yet
+        fs.makedirs("made/deeper", exist_ok=False)
+        assert not fs.exists("made")
+        fs.pipe_file("made/deeper/f", b"x")
+        assert fs.isdir("made") and fs.isdir("made/deeper")
+        with pytest.raises(FileExistsError):
+            fs.makedirs("made")
+        fs.makedirs("made", exist_ok=True)
+        with pytest.raises(FileExistsError):
+            fs.makedirs("made/deeper/f", exist_ok=True)
+        with pytest.raises(OSError) as not_empty:
+            fs.rmdir("made")
+        assert not_empty.value.errno == errno.ENOTEMPTY
+        with pytest.raises(NotADirectoryError):
+            fs.rmdir("made/deeper/f")
+
+        fs.rm_file("made/deeper/f")  # the server keeps the emptied directories ...
+        assert (root / "made" / "deeper").is_dir()
+        assert not fs.exists("made")  # ... fsspec does not see them
+        assert not fs.exists("made/deeper")
+        assert fs.ls("", detail=False) == []
+        assert fs.find("", withdirs=True) == []
+        fs.rmdir("made/deeper")
+        with pytest.raises(FileNotFoundError):
+            fs.rmdir("never")
+
+        fs.pipe({"tree/a": b"", "tree/s/b": b"", "tree/s/t/c": b""})
+        with pytest.raises(IsADirectoryError):
+            fs.rm("tree")
+        fs.rm("tree", recursive=True)
+        assert not fs.exists("tree")
+
+    await with_fs(address, use_it)
+
+
+async def test_errors_are_the_oserrors_fsspec_expects(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe_file("dir/file", b"data")
+        with pytest.raises(FileNotFoundError):
+            fs.info("dir/missing")
+        with pytest.raises(FileNotFoundError):
+            fs.open("dir/missing", "rb")
+        with pytest.raises(IsADirectoryError):
+            fs.open("dir", "rb")
+        with pytest.raises(IsADirectoryError):
+            fs.cat_file("dir")
+        with pytest.raises(IsADirectoryError):
+            fs.pipe_file("dir", b"over a directory")
+        with pytest.raises(NotADirectoryError):
+            fs.pipe_file("dir/file/below", b"under a file")
+        with pytest.raises(FileExistsError):
+            fs.pipe_file("dir/file", b"again", mode="create")
+        with pytest.raises(FileExistsError):
+            fs.open("dir/file", "xb")
+        with pytest.raises(ValueError, match="not supported"):
+            fs.open("dir/file", "ab")
+        assert fs.cat_file("dir/file") == b"data"
+
+    await with_fs(address, use_it)
+
+
+async def test_an_exclusive_create_that_loses_the_race_keeps_the_winners_data(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        loser = fs.open("race", "xb")  # nothing there yet
+        loser.write(b"loser")
+        fs.pipe_file("race", b"winner")
+        with pytest.raises(FileExistsError):
+            loser.close()
+        assert fs.cat_file("race") == b"winner"
+
+        with fs.open("fresh", "xb") as f:
+            f.write(b"first")
+        assert fs.cat_file("fresh") == b"first"
+
+    await with_fs(address, use_it)
+
+
+async def test_ranged_reads_are_answered_from_the_lease_cache(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        data = bytes(range(256)) * 64
+        fs.pipe_file("big", data)
+        misses = fs.client.stats["misses"]
+        with fs.open("big", "rb", block_size=1000) as f:
+            assert f.size == len(data)
+            f.seek(5000)
+            assert f.read(3000) == data[5000:8000]
+            f.seek(-10, 2)
+            assert f.read() == data[-10:]
+        assert fs.cat_file("big", start=-100, end=-50) == data[-100:-50]
+        assert fs.cat_file("big", start=10, end=20) == data[10:20]
+        assert fs.cat_file("big", start=20, end=10) == b""
+        assert fs.cat_file("big", start=len(data) + 1) == b""
+        assert fs.client.stats["misses"] == misses  # the writer's cache holds the data
+
+    await with_fs(address, use_it)
+
+
+async def test_large_writes_are_buffered_and_written_whole_on_close(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        with fs.open("whole", "wb", block_size=10) as f:
+            for _ in range(10):
+                f.write(b"0123456789")
+            assert not fs.exists("whole")  # nothing reaches the server before close
+        assert fs.cat_file("whole") == b"0123456789" * 10
+
+    await with_fs(address, use_it)
+
+
+async def test_copy_and_move_files_and_trees(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe({"src/a": b"a", "src/s/b": b"b"})
+        fs.cp_file("src/a", "copy/a")
+        assert fs.cat_file("copy/a") == b"a"
+        fs.mv("src", "moved", recursive=True)
+        assert not fs.exists("src")
+        assert fs.find("moved") == ["moved/a", "moved/s/b"]
+        assert fs.cat_file("moved/s/b") == b"b"
+        fs.mv("moved/a", "moved/renamed")
+        assert fs.find("moved") == ["moved/renamed", "moved/s/b"]
+
+    await with_fs(address, use_it)
