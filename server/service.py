@@ -745,6 +745,7 @@ class FileService:
             "approvals_sent": table.approvals_sent,
             "writes_delayed": table.writes_delayed,
             "writes_pending": table.pending_writes(),
+            "content_hits": self.store.content_hits,
             "connections": len(self.connections),
             "uptime_s": round(now - self.started_at, 3),
             "epoch": self.epoch,

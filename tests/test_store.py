@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fscache.errors import BadPath, Conflict, FscacheError, IsADirectory, NotFound, TooLarge
+from fscache.paths import RESERVED_PREFIX
 from fscache.server import store as store_mod
 from fscache.server.store import TEMP_PREFIX, Store
 
@@ -847,3 +848,22 @@ def test_files_of_another_owner_are_read_without_o_noatime() -> None:
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         shutil.rmtree(top)
+
+
+# ---------------------------------------------------------------- the server's state files
+def test_state_files_are_written_durably_and_hidden_from_clients(store: Store, root: Path) -> None:
+    assert store.load_state("record") is None
+    store.save_state("record", b"one")
+    store.save_state("record", b"two")  # replaced whole, like any write
+    assert store.load_state("record") == b"two"
+    assert (root / RESERVED_PREFIX / "record").read_bytes() == b"two"
+    assert store.listdir("") == [] and temp_files(root) == []
+    with pytest.raises(BadPath):
+        store.read(f"{RESERVED_PREFIX}/record")
+
+
+def test_recover_clears_temp_files_in_the_state_directory(store: Store, root: Path) -> None:
+    store.save_state("record", b"kept")
+    (root / RESERVED_PREFIX / f"{TEMP_PREFIX}dead").write_bytes(b"torn")
+    assert store.recover() == 1
+    assert store.load_state("record") == b"kept"
