@@ -42,9 +42,11 @@ EXIT_UNAUTHORIZED = 4
 def _seconds(text: str) -> float:
     """A term or a skew, checked by :func:`fscache.settings.check_duration`."""
     try:
-        return check_duration("the value", float(text))
-    except (ValueError, BadSetting) as exc:
-        raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text!r}") from exc
+        return check_duration("a duration", float(text))
+    except BadSetting as exc:  # before ValueError, its base
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
 def _port(text: str) -> int:
@@ -183,9 +185,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.verbose == 0:
         logging.getLogger("fscache").setLevel(logging.INFO)
-    root = os.path.abspath(args.root)
-    if not os.path.isdir(root):
-        raise FscacheError(f"--root {args.root!r} is not a directory")
+    root = os.path.abspath(args.root)  # the store checks that it is a directory
     settings = ServerSettings(
         root=root, host=args.host, port=args.port, term=args.term, skew=args.skew,
         hot_writes=args.hot_writes, tls_dir=args.tls,

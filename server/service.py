@@ -27,6 +27,13 @@ scheduler -- wake, read, handle, write -- and the replies to one batch of reques
 leave in one write from the task that read them. After that write the store
 closes the batch's files and caches their contents (:meth:`Store.settle`), off the
 critical path of the replies.
+
+A broken, closed or failing connection surfaces as the transport's exceptions;
+:func:`_transport_errors`, entered once by each task that touches the wire, turns
+them into :class:`~fscache.errors.Unavailable`, which ends that connection alone.
+A restart is timed by one record in the store's state directory
+(:func:`begin_incarnation`): writes wait out the previous incarnation's leases
+unless it stopped cleanly with none live.
 """
 
 from __future__ import annotations

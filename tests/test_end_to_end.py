@@ -207,7 +207,8 @@ def test_bad_serve_arguments_are_refused(tmp_path):
         result = fscache_command("serve", "--root", str(tmp_path), *args)
         assert result.returncode == 2 and "fscache serve: error" in result.stderr.decode()
     result = fscache_command("serve", "--root", str(tmp_path / "missing"))
-    assert result.returncode == 1 and "not a directory" in result.stderr.decode()
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "does not exist" in err and len(err.splitlines()) == 1, err
 
 
 @pytest.mark.parametrize(
