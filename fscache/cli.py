@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import re
 import signal
@@ -18,6 +17,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from fscache.errors import FscacheError, Unauthorized, Unavailable
+from fscache.settings import (
+    DEFAULT_HOST,
+    DEFAULT_HOT_WRITES,
+    DEFAULT_PORT,
+    DEFAULT_SKEW,
+    DEFAULT_TERM,
+    BadSetting,
+    check_duration,
+)
 
 # `fscache serve` announces itself with this first line; tools that start a server
 # read the address from it with parse_serving_line (the root may contain anything).
@@ -31,14 +39,14 @@ EXIT_UNAVAILABLE = 3
 EXIT_UNAUTHORIZED = 4
 
 
-def _number(text: str) -> float:
+def _seconds(text: str) -> float:
+    """A term or a skew, checked by :func:`fscache.settings.check_duration`."""
     try:
-        value = float(text)
+        return check_duration("a duration", float(text))
+    except BadSetting as exc:  # before ValueError, its base
+        raise argparse.ArgumentTypeError(str(exc)) from None
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
-    return value
 
 
 def _port(text: str) -> int:
@@ -63,12 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve a directory tree")
     serve.add_argument("--root", required=True, help="the directory to serve")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=_port, default=7710, help="0 picks a free port")
-    serve.add_argument("--term", type=_number, default=10.0, help="lease term, seconds")
-    serve.add_argument("--skew", type=_number, default=0.1, help="clock skew allowance, s")
+    serve.add_argument("--host", default=DEFAULT_HOST)
+    serve.add_argument("--port", type=_port, default=DEFAULT_PORT, help="0 picks a free port")
+    serve.add_argument("--term", type=_seconds, default=DEFAULT_TERM, help="lease term, seconds")
     serve.add_argument(
-        "--hot-writes", type=_count, default=3,
+        "--skew", type=_seconds, default=DEFAULT_SKEW, help="clock skew allowance, s"
+    )
+    serve.add_argument(
+        "--hot-writes", type=_count, default=DEFAULT_HOT_WRITES,
         help="writes within one term that make a file write-shared (term 0); 0: off",
     )  # fmt: skip
     serve.add_argument("--tls", metavar="DIR", help="mutual TLS with the certs in DIR")
@@ -102,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="demonstrations")
     demo_sub = demo.add_subparsers(dest="demo", required=True, metavar="DEMO")
     crash = demo_sub.add_parser("crash", help="kill a lease holder; watch the writer proceed")
-    crash.add_argument("--term", type=_number, default=3.0, help="lease term, seconds")
-    crash.add_argument("--skew", type=_number, default=0.1, help="skew allowance, seconds")
+    crash.add_argument("--term", type=_seconds, default=3.0, help="lease term, seconds")
+    crash.add_argument("--skew", type=_seconds, default=DEFAULT_SKEW, help="skew allowance, s")
     crash.add_argument("--clients", type=_count, default=3, help="reader processes (>= 2)")
 
     # The benchmark parses its own options (--quick, --out ...): main hands them over.
@@ -171,29 +181,22 @@ def _single_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | No
 def _serve(args: argparse.Namespace) -> int:
     import trio
 
-    from fscache.server.service import FileService, ServerSettings
+    from fscache.server.service import ServerSettings, serve
 
     if args.verbose == 0:
         logging.getLogger("fscache").setLevel(logging.INFO)
-    root = os.path.abspath(args.root)
-    if not os.path.isdir(root):
-        raise FscacheError(f"--root {args.root!r} is not a directory")
+    root = os.path.abspath(args.root)  # the store checks that it is a directory
     settings = ServerSettings(
         root=root, host=args.host, port=args.port, term=args.term, skew=args.skew,
         hot_writes=args.hot_writes, tls_dir=args.tls,
     )  # fmt: skip
 
     async def run() -> None:
-        service = FileService(settings)
         async with trio.open_nursery() as nursery:
-            try:
-                listeners = await nursery.start(service.run)
-            except OSError as exc:
-                raise FscacheError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
-            host, port = listeners[0].socket.getsockname()[:2]
+            service = await nursery.start(serve, settings)
             window = service.restart_window
             print(
-                f"fscache serving {root} on {host}:{port}"
+                f"fscache serving {root} on {service.host}:{service.port}"
                 f" (term {args.term:g} s, skew {args.skew:g} s, epoch {service.epoch}"
                 f"{', TLS' if args.tls else ''})",
                 flush=True,

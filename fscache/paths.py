@@ -16,7 +16,7 @@ from fscache.errors import BadPath
 
 MAX_PATH_BYTES = 1024  # whole path, UTF-8
 MAX_SEGMENT_BYTES = 255  # one name, as most file systems allow
-RESERVED_PREFIX = ".fscache"  # the store's own files (temp files) live under this name
+RESERVED_PREFIX = ".fscache"  # the store's temp files and the server's state directory
 
 
 # A path already in normal form, in printable ASCII: the common case, checked in one

@@ -27,6 +27,13 @@ scheduler -- wake, read, handle, write -- and the replies to one batch of reques
 leave in one write from the task that read them. After that write the store
 closes the batch's files and caches their contents (:meth:`Store.settle`), off the
 critical path of the replies.
+
+A broken, closed or failing connection surfaces as the transport's exceptions;
+:func:`_transport_errors`, entered once by each task that touches the wire, turns
+them into :class:`~fscache.errors.Unavailable`, which ends that connection alone.
+A restart is timed by one record in the store's state directory
+(:func:`begin_incarnation`): writes wait out the previous incarnation's leases
+unless it stopped cleanly with none live.
 """
 
 from __future__ import annotations
@@ -36,20 +43,17 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import secrets
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, ClassVar
 
 import trio
 
 from fscache import protocol as p
-from fscache.errors import FscacheError, ProtocolError, TooLarge
+from fscache.errors import FscacheError, ProtocolError, TooLarge, Unavailable
 from fscache.leases import (
-    DEFAULT_SKEW,
-    DEFAULT_TERM,
     AdaptiveTermPolicy,
     ApplyWrite,
     Discarded,
@@ -65,6 +69,16 @@ from fscache.leases import (
 from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize
 from fscache.server.store import Store
+from fscache.settings import (
+    DEFAULT_HOST,
+    DEFAULT_HOT_WRITES,
+    DEFAULT_MAX_FRAME,
+    DEFAULT_PORT,
+    DEFAULT_SKEW,
+    DEFAULT_TERM,
+    BadSetting,
+    check_duration,
+)
 
 log = logging.getLogger("fscache.server")
 
@@ -73,33 +87,33 @@ BlockingIO = Callable[..., Awaitable[Any]]
 HANDSHAKE_TIMEOUT = 10.0  # a peer that connects and says nothing is dropped after this
 DEFAULT_MAX_OUTBOX = 32 * 1024 * 1024  # unsent bytes per connection before it is dropped
 DEFAULT_SEND_TIMEOUT = 30.0  # a send not done by then: the peer stopped reading; drop it
-STATE_DIR = ".fscache"  # reserved name: clients cannot reach it
-INCARNATION_FILE = "incarnation.json"
-CLEAN_FILE = "clean-shutdown"
+INCARNATION_FILE = "incarnation.json"  # in the store's state directory
 
 
 @dataclasses.dataclass
 class ServerSettings:
+    """What ``fscache serve`` can be told; checked here, once, on construction."""
+
     root: str
-    host: str = "127.0.0.1"
-    port: int = 7710
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
     term: float = DEFAULT_TERM
     skew: float = DEFAULT_SKEW
-    hot_writes: int = 3  # writes within one term that make a file write-shared (term 0)
-    max_frame: int = p.DEFAULT_MAX_FRAME
+    hot_writes: int = DEFAULT_HOT_WRITES
+    max_frame: int = DEFAULT_MAX_FRAME
     max_outbox: int = DEFAULT_MAX_OUTBOX
     send_timeout: float = DEFAULT_SEND_TIMEOUT
     tls_dir: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("term", "skew"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise FscacheError(f"--{name} must be a finite number >= 0, not {value!r}")
+        self.term = check_duration("term", self.term)
+        self.skew = check_duration("skew", self.skew)
         if not 0 <= self.port <= 65535:
-            raise FscacheError(f"--port must be 0..65535, not {self.port}")
+            raise BadSetting(f"port must be 0..65535, not {self.port}")
+        if self.hot_writes < 0:
+            raise BadSetting(f"hot_writes must be >= 0, not {self.hot_writes}")
         if self.max_frame < 1024:
-            raise FscacheError("max_frame must be at least 1024 bytes")
+            raise BadSetting(f"max_frame must be at least 1024 bytes, not {self.max_frame}")
 
     @property
     def max_file_size(self) -> int:
@@ -107,54 +121,57 @@ class ServerSettings:
 
 
 # ---------------------------------------------------------------- restart window
-def begin_incarnation(root: str, max_term: float, skew: float) -> float:
+def begin_incarnation(store: Store, max_term: float, skew: float) -> float:
     """Record this incarnation and return how long writes must be held back (seconds).
 
-    A fresh root (never served) and a root whose last server shut down cleanly with
+    A fresh root (never served) and a root whose last server stopped cleanly with
     no live leases need no window. Otherwise leases granted by the previous
     incarnation may still be live: hold writes for the larger of its and our
     ``max_term + skew``.
     """
-    state = os.path.join(root, STATE_DIR)
-    previous: dict[str, Any] | None = None
+    previous = _load_incarnation(store)
     window = 0.0
-    if os.path.isdir(state):
-        try:
-            with open(os.path.join(state, INCARNATION_FILE)) as f:
-                previous = json.load(f)
-        except (OSError, ValueError):
-            previous = None
-        clean = os.path.join(state, CLEAN_FILE)
-        if os.path.exists(clean):
-            os.unlink(clean)
-        else:
-            prev_hold = 0.0
-            if previous is not None:
-                prev_hold = float(previous.get("max_term", 0)) + float(previous.get("skew", 0))
-            window = max(prev_hold, max_term + skew)
-    else:
-        os.mkdir(state, 0o700)
-    _write_durably(state, INCARNATION_FILE, json.dumps({"max_term": max_term, "skew": skew}))
+    if previous is not None and not previous.get("clean", False):
+        held = float(previous.get("max_term", max_term)) + float(previous.get("skew", skew))
+        window = max(held, max_term + skew)
+    _save_incarnation(store, max_term=max_term, skew=skew, clean=False)
     return window
 
 
-def end_incarnation_cleanly(root: str) -> None:
+def end_incarnation_cleanly(store: Store, max_term: float, skew: float) -> None:
     """No lease of ours is live: the next incarnation needs no restart window."""
-    _write_durably(os.path.join(root, STATE_DIR), CLEAN_FILE, "")
+    _save_incarnation(store, max_term=max_term, skew=skew, clean=True)
 
 
-def _write_durably(directory: str, name: str, text: str) -> None:
-    temp = os.path.join(directory, name + ".tmp")
-    with open(temp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, os.path.join(directory, name))
-    fd = os.open(directory, os.O_RDONLY)
+def _load_incarnation(store: Store) -> dict[str, Any] | None:
+    """The last incarnation's record; unreadable counts as a crash (the window)."""
+    data = store.load_state(INCARNATION_FILE)
+    if data is None:
+        return None
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        record = json.loads(data)
+    except ValueError:
+        record = None
+    return record if isinstance(record, dict) else {}
+
+
+def _save_incarnation(store: Store, **record: float | bool) -> None:
+    store.save_state(INCARNATION_FILE, json.dumps(record).encode())
+
+
+# ---------------------------------------------------------------- transport errors
+_TRANSPORT_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+@contextlib.contextmanager
+def _transport_errors() -> Iterator[None]:
+    """The one place where the transport's exceptions become fscache's: a connection
+    that broke, was closed or failed at the socket raises :class:`Unavailable`.
+    Entered once per connection task, never per message."""
+    try:
+        yield
+    except _TRANSPORT_ERRORS as exc:
+        raise Unavailable(f"connection lost: {exc}") from exc
 
 
 # ---------------------------------------------------------------- per-connection outbox
@@ -249,13 +266,36 @@ class Outbox:
         self._ready.set()
 
 
+@dataclasses.dataclass(slots=True)
+class Counters:
+    """What the server counts; ``fscache stats`` reports each field under its name."""
+
+    reads: int = 0
+    reads_not_modified: int = 0
+    writes: int = 0
+    deletes: int = 0
+    writes_applied: int = 0
+    extend_requests: int = 0
+    extend_paths: int = 0
+    approvals_received: int = 0
+    relinquish_requests: int = 0
+    stats_requests: int = 0
+    pings: int = 0
+    messages_in: int = 0
+    messages_out: int = 0
+    errors: int = 0
+    connections_total: int = 0
+    connections_dropped: int = 0
+    protocol_errors: int = 0
+
+
 @dataclasses.dataclass(eq=False)
 class Connection:
     holder: HolderId
     outbox: Outbox
     cancel: trio.CancelScope
     peer: str
-    counters: dict[str, int]
+    counters: Counters
     goodbye: bool = False
     alive: bool = True
 
@@ -265,7 +305,7 @@ class Connection:
     def send_frame(self, frame: bytes) -> None:
         if not self.alive:
             return
-        self.counters["messages_out"] += 1
+        self.counters.messages_out += 1
         if not self.outbox.put(frame):
             log.warning("%s is not reading its replies; dropping the connection", self.peer)
             self.alive = False
@@ -288,38 +328,29 @@ class FileService:
         settings: ServerSettings,
         *,
         policy: TermPolicy | None = None,
-        clock: Callable[[], float] = trio.current_time,
         blocking_io: BlockingIO = trio.to_thread.run_sync,
     ) -> None:
         self.settings = settings
-        self.clock = clock
         self._blocking_io = blocking_io  # how fsyncing writes run: a worker thread
         self.store = Store(settings.root, max_file_size=settings.max_file_size)
         self.policy = policy or AdaptiveTermPolicy(
             default=settings.term, hot_writes=settings.hot_writes, window=max(settings.term, 1.0)
         )
         self.epoch = secrets.token_hex(8)
-        self.started_at = clock()
-        self.restart_window = begin_incarnation(settings.root, self.policy.max_term, settings.skew)
+        self.started_at = trio.current_time()
+        self.restart_window = begin_incarnation(self.store, self.policy.max_term, settings.skew)
         self.table = LeaseTable(
             self.policy, skew=settings.skew, hold_writes_until=self.started_at + self.restart_window
         )
-        self.port = settings.port  # the bound port once listening
+        self.host = settings.host  # the bound address once listening (port 0 works)
+        self.port = settings.port
         self.connections: dict[HolderId, Connection] = {}
         self._pending: dict[OpId, _Pending] = {}
         self._next_op = 0
         self._nursery: trio.Nursery | None = None
         self._timer_wake = trio.Event()
         self._timer_at = math.inf
-        self.counters: dict[str, int] = dict.fromkeys(
-            (
-                "reads", "reads_not_modified", "writes", "deletes", "writes_applied",
-                "extend_requests", "extend_paths", "approvals_received", "relinquish_requests",
-                "stats_requests", "pings", "messages_in", "messages_out", "errors",
-                "connections_total", "connections_dropped", "protocol_errors",
-            ),
-            0,
-        )  # fmt: skip
+        self.counters = Counters()
 
     # ------------------------------------------------------------ running
     async def run(self, *, task_status: trio.TaskStatus[list[trio.SocketListener]]) -> None:
@@ -330,7 +361,11 @@ class FileService:
             from fscache.tls import server_context
 
             ssl_context = server_context(s.tls_dir)
-        listeners = await trio.open_tcp_listeners(s.port, host=s.host)
+        try:
+            listeners = await trio.open_tcp_listeners(s.port, host=s.host)
+        except OSError as exc:
+            raise FscacheError(f"cannot listen on {s.host}:{s.port}: {exc}") from None
+        self.host, self.port = listeners[0].socket.getsockname()[:2]
         async with trio.open_nursery() as nursery:
             await nursery.start(self.run_engine)
             nursery.start_soon(self._accept, listeners, ssl_context)
@@ -364,7 +399,7 @@ class FileService:
             with trio.move_on_at(self._timer_at):
                 await self._timer_wake.wait()
             self._timer_wake = trio.Event()
-            self._execute(self.table.tick(self.clock()))
+            self._execute(self.table.tick(trio.current_time()))
             self.store.settle()
 
     def _deadline_may_have_moved(self) -> None:
@@ -377,7 +412,7 @@ class FileService:
     async def serve_stream(self, stream: trio.abc.Stream) -> None:
         """Serve one client connection until it closes. Never raises."""
         peer = _peer_name(stream)
-        self.counters["connections_total"] += 1
+        self.counters.connections_total += 1
         decoder = p.FrameDecoder(self.settings.max_frame)
         wire = wire_for(stream)
         try:
@@ -389,13 +424,13 @@ class FileService:
             finally:
                 await wire.aclose()
         # except*: _serve_client's nursery wraps a reset connection in an ExceptionGroup
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as lost:
-            log.debug("%s: connection lost: %s", peer, lost.exceptions[0])
+        except* Unavailable as lost:
+            log.debug("%s: %s", peer, lost.exceptions[0])
         except* Exception:  # a bug must cost one connection, never the server
             log.exception("%s: internal error; connection closed", peer)
 
     async def _handshake(self, wire: Wire, decoder: p.FrameDecoder, peer: str) -> p.Hello | None:
-        with trio.move_on_after(HANDSHAKE_TIMEOUT):
+        with trio.move_on_after(HANDSHAKE_TIMEOUT), _transport_errors():
             try:
                 while (message := decoder.next_message()) is None:
                     data = await wire.receive()
@@ -412,7 +447,7 @@ class FileService:
                 if not message.client_id or len(message.client_id) > 256:
                     raise ProtocolError("client_id must be 1..256 characters")
             except FscacheError as exc:
-                self.counters["protocol_errors"] += 1
+                self.counters.protocol_errors += 1
                 await _send_quietly(wire, p.Error(id=None, code=exc.code, message=str(exc)))
                 return None
             welcome = p.Welcome(
@@ -441,7 +476,7 @@ class FileService:
             self.connections[holder] = connection
             log.debug("%s: client %s connected", peer, holder)
             try:
-                self._execute(self.table.connected(holder, self.clock()))
+                self._execute(self.table.connected(holder, trio.current_time()))
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._send_loop, outbox, cancel)
                     watchdog = trio.CancelScope()
@@ -456,7 +491,7 @@ class FileService:
                     del self.connections[holder]
                     self._execute(
                         self.table.disconnected(
-                            holder, goodbye=connection.goodbye, now=self.clock()
+                            holder, goodbye=connection.goodbye, now=trio.current_time()
                         )
                     )
                 log.debug(
@@ -464,7 +499,7 @@ class FileService:
                     "said goodbye" if connection.goodbye else "disconnected",
                 )  # fmt: skip
         if cancel.cancelled_caught:
-            self.counters["connections_dropped"] += 1
+            self.counters.connections_dropped += 1
 
     async def _watch_sends(self, connection: Connection, scope: trio.CancelScope) -> None:
         """Drop the connection when a send has not completed within send_timeout: the
@@ -482,13 +517,18 @@ class FileService:
 
     async def _send_loop(self, outbox: Outbox, cancel: trio.CancelScope) -> None:
         try:
-            await outbox.run()
-        except trio.ClosedResourceError:
-            return
-        except (trio.BrokenResourceError, OSError):
+            with _transport_errors():
+                await outbox.run()
+        except Unavailable:
             cancel.cancel()
 
     async def _receive_loop(
+        self, wire: Wire, decoder: p.FrameDecoder, connection: Connection
+    ) -> None:
+        with _transport_errors():
+            await self._receive_batches(wire, decoder, connection)
+
+    async def _receive_batches(
         self, wire: Wire, decoder: p.FrameDecoder, connection: Connection
     ) -> None:
         outbox = connection.outbox
@@ -507,7 +547,7 @@ class FileService:
                     if connection.goodbye:
                         return
             except (ProtocolError, TooLarge) as exc:
-                self.counters["protocol_errors"] += 1
+                self.counters.protocol_errors += 1
                 log.info("%s: %s; closing", connection.peer, exc)
                 connection.send(p.Error(id=None, code=exc.code, message=str(exc)))
                 return
@@ -521,14 +561,14 @@ class FileService:
 
     # ------------------------------------------------------------ requests
     def _dispatch(self, connection: Connection, message: p.Message) -> None:
-        self.counters["messages_in"] += 1
+        self.counters.messages_in += 1
         handler = self._handlers.get(type(message))
         if handler is None:
             raise ProtocolError(f"{message.TYPE} is not a request a client may send")
         try:
             handler(self, connection, message)
         except FscacheError as exc:
-            self.counters["errors"] += 1
+            self.counters.errors += 1
             request_id = getattr(message, "id", None)
             if request_id is None:
                 raise ProtocolError(str(exc)) from None
@@ -539,10 +579,10 @@ class FileService:
         return OpId(self._next_op)
 
     def _on_read(self, connection: Connection, message: p.Read) -> None:
-        self.counters["reads"] += 1
+        self.counters.reads += 1
         path = normalize(message.path)
         op = self._new_op()
-        term = self.table.read_at_once(op, connection.holder, path, self.clock())
+        term = self.table.read_at_once(op, connection.holder, path, trio.current_time())
         if term is not None:  # granted at once, the common case
             self._serve_read(connection, message, path, term)
         else:  # queued behind a write: served by _execute when granted
@@ -551,7 +591,10 @@ class FileService:
         # checks once per batch (_deadline_may_have_moved), before any await.
 
     def _on_write(self, connection: Connection, message: p.Write | p.Delete) -> None:
-        self.counters["writes" if isinstance(message, p.Write) else "deletes"] += 1
+        if isinstance(message, p.Write):
+            self.counters.writes += 1
+        else:
+            self.counters.deletes += 1
         path = normalize(message.path)
         if isinstance(message, p.Write) and len(message.data) > self.settings.max_file_size:
             raise TooLarge(
@@ -559,7 +602,7 @@ class FileService:
             )
         op = self._new_op()
         self._pending[op] = _Pending(connection, message)
-        self._execute(self.table.write(op, connection.holder, path, self.clock()))
+        self._execute(self.table.write(op, connection.holder, path, trio.current_time()))
 
     def _on_stat(self, connection: Connection, message: p.Stat) -> None:
         version, size, is_dir = self.store.stat(normalize(message.path, allow_root=True))
@@ -570,16 +613,16 @@ class FileService:
         connection.send(p.Listing(id=message.id, names=names))
 
     def _on_relinquish(self, connection: Connection, message: p.Relinquish) -> None:
-        self.counters["relinquish_requests"] += 1
+        self.counters.relinquish_requests += 1
         paths = [normalize(path) for path in message.paths]
-        self._execute(self.table.relinquish(connection.holder, paths, self.clock()))
+        self._execute(self.table.relinquish(connection.holder, paths, trio.current_time()))
         connection.send(p.Done(id=message.id))
 
     def _on_extend(self, connection: Connection, message: p.Extend) -> None:
         if len(message.paths) != len(message.versions):
             raise ProtocolError("extend: paths and versions differ in length")
-        self.counters["extend_requests"] += 1
-        self.counters["extend_paths"] += len(message.paths)
+        self.counters.extend_requests += 1
+        self.counters.extend_paths += len(message.paths)
         items = []
         for path, version in zip(message.paths, message.versions, strict=True):
             path = normalize(path)
@@ -588,22 +631,24 @@ class FileService:
             except FscacheError:
                 current = False
             items.append((path, current))
-        terms = self.table.extend(connection.holder, items, self.clock())
+        terms = self.table.extend(connection.holder, items, trio.current_time())
         self._deadline_may_have_moved()
         connection.send(p.Extended(id=message.id, terms=terms))
 
     def _on_approve(self, connection: Connection, message: p.Approve) -> None:
-        self.counters["approvals_received"] += 1
+        self.counters.approvals_received += 1
         path = normalize(message.path)
-        effects = self.table.approve(connection.holder, path, OpId(message.write), self.clock())
+        effects = self.table.approve(
+            connection.holder, path, OpId(message.write), trio.current_time()
+        )
         self._execute(effects)
 
     def _on_stats(self, connection: Connection, message: p.GetStats) -> None:
-        self.counters["stats_requests"] += 1
+        self.counters.stats_requests += 1
         connection.send(p.StatsResult(id=message.id, counters=self.stats()))
 
     def _on_ping(self, connection: Connection, message: p.Ping) -> None:
-        self.counters["pings"] += 1
+        self.counters.pings += 1
         connection.send(p.Done(id=message.id))
 
     def _on_goodbye(self, connection: Connection, message: p.Goodbye) -> None:
@@ -642,7 +687,9 @@ class FileService:
                 request = pending.request
                 if isinstance(request, p.Delete):  # nothing to cache: no lease either
                     pending.connection.send(p.Done(id=request.id))
-                    self._execute(self.table.relinquish(effect.holder, [effect.path], self.clock()))
+                    self._execute(
+                        self.table.relinquish(effect.holder, [effect.path], trio.current_time())
+                    )
                 else:
                     pending.connection.send(
                         p.Written(id=request.id, version=pending.version, term=effect.term)
@@ -656,13 +703,13 @@ class FileService:
         try:
             version, data = self.store.read(path)
         except FscacheError as exc:
-            self.counters["errors"] += 1
+            self.counters.errors += 1
             connection.send(p.Error(id=request.id, code=exc.code, message=str(exc)))
             if term > 0:  # no file, no lease
-                self._execute(self.table.relinquish(connection.holder, [path], self.clock()))
+                self._execute(self.table.relinquish(connection.holder, [path], trio.current_time()))
             return
         if request.have == version:
-            self.counters["reads_not_modified"] += 1
+            self.counters.reads_not_modified += 1
             connection.send(p.NotModified(id=request.id, version=version, term=term))
         else:
             connection.send_frame(p.data_frame(request.id, version, term, data))
@@ -681,30 +728,31 @@ class FileService:
                 await self._blocking_io(self.store.delete, effect.path, request.if_version)
             ok = True
         except FscacheError as exc:
-            self.counters["errors"] += 1
+            self.counters.errors += 1
             pending.connection.send(p.Error(id=request.id, code=exc.code, message=str(exc)))
         except Exception as exc:
             log.exception("write of %s failed", effect.path)
             pending.connection.send(p.Error(id=request.id, code="error", message=str(exc)))
         finally:
             if ok:
-                self.counters["writes_applied"] += 1
+                self.counters.writes_applied += 1
             else:
                 self._pending.pop(effect.op, None)
-            self._execute(self.table.write_done(effect.op, self.clock(), ok=ok))
+            self._execute(self.table.write_done(effect.op, trio.current_time(), ok=ok))
             self.store.settle()
 
     # ------------------------------------------------------------ counters
     def stats(self) -> dict[str, Any]:
-        now = self.clock()
+        now = trio.current_time()
         table = self.table
         return {
-            **self.counters,
+            **dataclasses.asdict(self.counters),
             "leases_granted": table.leases_granted,
             "leases_active": table.live_leases(now),
             "approvals_sent": table.approvals_sent,
             "writes_delayed": table.writes_delayed,
             "writes_pending": table.pending_writes(),
+            "content_hits": self.store.content_hits,
             "connections": len(self.connections),
             "uptime_s": round(now - self.started_at, 3),
             "epoch": self.epoch,
@@ -716,9 +764,9 @@ class FileService:
     def shutdown(self) -> int:
         """Called on a clean stop: if no lease is live, the next start needs no window.
         Returns how many leases are still live (then the next start will hold writes)."""
-        live = self.table.live_leases(self.clock())
+        live = self.table.live_leases(trio.current_time())
         if live == 0 and not self._pending:
-            end_incarnation_cleanly(self.settings.root)
+            end_incarnation_cleanly(self.store, self.policy.max_term, self.settings.skew)
         return live
 
 
@@ -734,7 +782,7 @@ def _peer_name(stream: trio.abc.Stream) -> str:
 
 
 async def _send_quietly(wire: Wire, message: p.Message) -> None:
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+    with contextlib.suppress(Unavailable), _transport_errors():
         await wire.send_all(p.encode(message))
 
 
@@ -745,9 +793,8 @@ async def serve(
     task_status: trio.TaskStatus[FileService] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a server until cancelled; ``await nursery.start(serve, settings)`` returns the
-    :class:`FileService`, whose ``port`` attribute is the bound port (port 0 works)."""
+    :class:`FileService`, whose ``host`` and ``port`` are the bound address."""
     service = FileService(settings, policy=policy)
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(service.run)
-        service.port = listeners[0].socket.getsockname()[1]
+        await nursery.start(service.run)
         task_status.started(service)

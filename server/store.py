@@ -7,9 +7,11 @@ Layout.  The file ``a/b`` lives at ``<root>/a/b`` and holds exactly its contents
 no side files, no database.  Its version is the file's own ``st_mtime_ns``, so data
 and version live in one inode and can never disagree.  The store's private files
 use names starting with :data:`fscache.paths.RESERVED_PREFIX`, which clients can
-never name; :meth:`Store.listdir` hides them.
+never name; :meth:`Store.listdir` hides them.  The server keeps its own small files
+(:meth:`Store.save_state`) in the directory of that very name, written like any file.
 
-Writes (DESIGN.md guarantee 3: "every acknowledged write, no torn file").
+Writes (``docs/design.md``, "Guarantees", durability: "every acknowledged write, no
+torn file").
 :meth:`Store.write` never modifies a file in place.  It
 
 1. creates ``.fscache-tmp-<random hex>`` in the *same directory* as the target
@@ -210,10 +212,10 @@ class Store:
         try:
             real = os.path.realpath(shown)
             mode = os.stat(real).st_mode
-        except FileNotFoundError:
-            raise FscacheError(f"store root {shown!r} does not exist") from None
-        except (OSError, ValueError) as exc:
-            raise FscacheError(f"store root {shown!r} is not usable: {exc}") from None
+        except OSError as exc:
+            raise _translate(exc, "serve the store root", shown) from None
+        except ValueError as exc:  # e.g. an embedded NUL byte
+            raise BadPath(f"store root {shown!r} is not usable: {exc}") from None
         if not stat_mod.S_ISDIR(mode):
             raise FscacheError(f"store root {shown!r} is not a directory")
         self.root: str = real
@@ -244,25 +246,24 @@ class Store:
     # ------------------------------------------------------------------ public
 
     def recover(self) -> int:
-        """Delete temp files left by a crash anywhere under the root; return how many.
+        """Delete temp files left by a crash anywhere under the root (the state
+        directory too); return how many.
 
         Only safe while no write is in flight (a live write's temp file would go too).
         """
         removed = 0
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            dirnames[:] = [d for d in dirnames if not d.startswith(RESERVED_PREFIX)]
+        for dirpath, _, filenames in os.walk(self.root):
             for name in filenames:
                 if not name.startswith(TEMP_PREFIX):
                     continue
+                full = os.path.join(dirpath, name)
                 try:
-                    os.unlink(os.path.join(dirpath, name))
+                    os.unlink(full)
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
-                    raise FscacheError(
-                        f"cannot remove leftover temp file {os.path.join(dirpath, name)!r}: "
-                        f"{exc.strerror or exc}"
-                    ) from exc
+                    leftover = full[len(self._prefix) :]
+                    raise _translate(exc, "remove the leftover temp file", leftover) from None
                 removed += 1
         return removed
 
@@ -364,28 +365,15 @@ class Store:
                 raise Conflict(f"cannot write {path!r}: its version is {old}, not {if_version}")
             with self._mutex:
                 floor = self._floors.get(full, 0)
-            parent = os.path.dirname(full)
-            tmp, fd = self._open_temp(parent, path)
+            tmp, fd = self._open_temp(os.path.dirname(full), path)
             try:
-                try:
-                    _write_all(fd, data)
-                    version = _stamp(fd, max(old, floor) + 1)
-                    os.fsync(fd)  # data and inode (the new mtime) in one go
-                finally:
-                    os.close(fd)
-                os.replace(tmp, full)
-            except BaseException as exc:
-                _unlink_quietly(tmp)
-                if isinstance(exc, OSError):
-                    raise _translate(exc, "write", path) from None
-                raise
-            self._forget(path, full)
-            with self._mutex:
-                self._floors.pop(full, None)
-            try:
-                _fsync_dir(parent)
+                version = _replace_durably(tmp, fd, full, data, minimum=max(old, floor) + 1)
             except OSError as exc:
                 raise _translate(exc, "write", path) from None
+            finally:
+                self._forget(path, full)
+            with self._mutex:
+                self._floors.pop(full, None)
             return version
 
     def delete(self, path: str, if_version: int | None = None) -> None:
@@ -418,6 +406,26 @@ class Store:
                 _fsync_dir(os.path.dirname(full))
             except OSError as exc:
                 raise _translate(exc, "delete", path) from None
+
+    def save_state(self, name: str, data: bytes) -> None:
+        """Durably write the server's own file ``name`` in the state directory
+        (``<root>/.fscache``, a reserved name no client can reach), as any write is."""
+        state = os.path.join(self.root, RESERVED_PREFIX)
+        tmp, fd = self._open_temp(state, name)
+        try:
+            _replace_durably(tmp, fd, os.path.join(state, name), data, minimum=0)
+        except OSError as exc:
+            raise _translate(exc, "write", name) from None
+
+    def load_state(self, name: str) -> bytes | None:
+        """The contents of the server's own file ``name``, or None if there is none."""
+        try:
+            with open(os.path.join(self.root, RESERVED_PREFIX, name), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _translate(exc, "read", name) from None
 
     def listdir(self, path: str) -> list[str]:
         """Sorted names in the directory ``path`` (``""`` is the root); dirs end in ``/``.
@@ -740,6 +748,26 @@ def _stamp(fd: int, minimum: int) -> int:
         step = max(step * 2, minimum - stored)
         target += step
     raise FscacheError("the store's file system cannot record a new version (mtime)")
+
+
+def _replace_durably(tmp: str, fd: int, full: str, data: bytes, *, minimum: int) -> int:
+    """Steps 2-5 of a write (see "Writes" above): ``data`` into the temp file ``tmp``
+    open as ``fd`` (closed here), a version stamp >= ``minimum``, fsync, rename onto
+    ``full``, fsync of the directory. Returns the version; raises OSError, and then
+    leaves no temp file behind."""
+    try:
+        try:
+            _write_all(fd, data)
+            version = _stamp(fd, minimum)
+            os.fsync(fd)  # data and inode (the new mtime) in one go
+        finally:
+            os.close(fd)
+        os.replace(tmp, full)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    _fsync_dir(os.path.dirname(full))
+    return version
 
 
 def _fsync_dir(path: str) -> None:

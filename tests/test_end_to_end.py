@@ -21,6 +21,7 @@ from fscache.bench.frames import FrameConnection
 from fscache.cli import parse_serving_line
 from fscache.protocol import read_frame
 from fscache.server.service import ServerSettings, serve
+from fscache.settings import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SKEW, DEFAULT_TERM, BadSetting
 from fscache.tls import client_context, make_certs
 
 STATS_FIELDS = {
@@ -34,7 +35,7 @@ async def server(nursery, root):
     return await nursery.start(serve, ServerSettings(root=str(root), port=0))
 
 
-async def test_the_async_api_does_what_design_md_says(server):
+async def test_the_async_api_does_what_its_contract_says(server):
     async with fscache.open_client("127.0.0.1", server.port) as c:
         version = await c.write("docs/a.txt", b"new")
         assert isinstance(version, int)
@@ -202,11 +203,28 @@ def test_command_line_errors_are_one_clear_line(served, args, code, message):
 
 
 def test_bad_serve_arguments_are_refused(tmp_path):
-    for args in (["--term", "-1"], ["--term", "nan"], ["--port", "70000"]):
+    for args in (["--term", "-1"], ["--term", "nan"], ["--skew", "inf"], ["--port", "70000"]):
         result = fscache_command("serve", "--root", str(tmp_path), *args)
         assert result.returncode == 2 and "fscache serve: error" in result.stderr.decode()
     result = fscache_command("serve", "--root", str(tmp_path / "missing"))
-    assert result.returncode == 1 and "not a directory" in result.stderr.decode()
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "does not exist" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"term": -1.0}, {"term": float("nan")}, {"skew": float("inf")}, {"skew": True},
+     {"port": 70000}, {"hot_writes": -1}, {"max_frame": 1023}],
+)  # fmt: skip
+def test_server_settings_out_of_range_are_refused_with_bad_setting(root, bad):
+    with pytest.raises(BadSetting):
+        ServerSettings(root=str(root), **bad)
+
+
+def test_server_settings_default_to_the_shared_defaults(root):
+    settings = ServerSettings(root=str(root))
+    assert (settings.host, settings.port) == (DEFAULT_HOST, DEFAULT_PORT)
+    assert (settings.term, settings.skew) == (DEFAULT_TERM, DEFAULT_SKEW)
 
 
 def test_the_serving_line_gives_the_address_whatever_the_root_is_called():

@@ -7,12 +7,15 @@ Terms are the defaults (10 s, skew 0.1 s) unless a test says otherwise.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import trio
 import trio.testing
 
 import fscache
 from fscache import protocol as p
+from fscache.server.service import INCARNATION_FILE, Counters
 
 from .harness import Cluster
 
@@ -263,6 +266,41 @@ async def test_a_cleanly_stopped_server_needs_no_restart_window(nursery, root, a
     service.shutdown()  # no live leases: records a clean shutdown
     second = Cluster(nursery, root, term=TERM, skew=SKEW)
     assert (await second.start()).restart_window == 0
+
+
+async def test_a_server_stopped_with_live_leases_leaves_a_restart_window(
+    nursery, root, autojump_clock
+):
+    first = Cluster(nursery, root, term=TERM, skew=SKEW)
+    service = await first.start()
+    await seed(first)
+    silent = await first.raw("silent")
+    await silent.read("f")
+    assert service.shutdown() == 1  # a live lease: nothing clean recorded
+    second = Cluster(nursery, root, term=TERM, skew=SKEW)
+    assert (await second.start()).restart_window == at(TERM + SKEW)
+
+
+async def test_an_unreadable_incarnation_record_counts_as_a_crash(nursery, root, autojump_clock):
+    first = Cluster(nursery, root, term=TERM, skew=SKEW)
+    (await first.start()).store.save_state(INCARNATION_FILE, b"{not json")
+    second = Cluster(nursery, root, term=2.0, skew=SKEW)
+    assert (await second.start()).restart_window == at(2.0 + SKEW)
+
+
+async def test_the_counters_are_typed_fields_reported_under_their_names(cluster, autojump_clock):
+    service = cluster.service
+    with pytest.raises(AttributeError):
+        service.counters.raeds = 1  # a misspelt counter is an error, not a new key
+    await seed(cluster)
+    async with cluster.client("reader") as reader:
+        await reader.read("f")
+        stats = await reader.server_stats()
+    assert set(stats) >= {f.name for f in dataclasses.fields(Counters)} | {
+        "leases_granted", "leases_active", "approvals_sent", "writes_delayed", "uptime_s",
+    }  # fmt: skip
+    assert (stats["reads"], stats["writes"], stats["leases_granted"]) == (1, 1, 2)
+    assert stats["content_hits"] == service.store.content_hits
 
 
 async def test_extension_is_batched_with_a_term_or_stale_per_path(cluster, autojump_clock):

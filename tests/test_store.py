@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import hashlib
 import os
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fscache.errors import BadPath, Conflict, FscacheError, IsADirectory, NotFound, TooLarge
+from fscache.paths import RESERVED_PREFIX
 from fscache.server import store as store_mod
 from fscache.server.store import TEMP_PREFIX, Store
 
@@ -785,6 +787,7 @@ def test_a_read_leaves_its_descriptor_open_only_until_settle_or_the_next_read(
     is only read from never holds more than one read's descriptor open."""
     for i in range(50):
         put(root, f"f{i}", b"x")
+    gc.collect()  # stores of earlier tests close their root descriptors now, not below
     fds = os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else None
     before = len(os.listdir("/proc/self/fd")) if fds is not None else 0
     for i in range(50):
@@ -845,3 +848,22 @@ def test_files_of_another_owner_are_read_without_o_noatime() -> None:
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         shutil.rmtree(top)
+
+
+# ---------------------------------------------------------------- the server's state files
+def test_state_files_are_written_durably_and_hidden_from_clients(store: Store, root: Path) -> None:
+    assert store.load_state("record") is None
+    store.save_state("record", b"one")
+    store.save_state("record", b"two")  # replaced whole, like any write
+    assert store.load_state("record") == b"two"
+    assert (root / RESERVED_PREFIX / "record").read_bytes() == b"two"
+    assert store.listdir("") == [] and temp_files(root) == []
+    with pytest.raises(BadPath):
+        store.read(f"{RESERVED_PREFIX}/record")
+
+
+def test_recover_clears_temp_files_in_the_state_directory(store: Store, root: Path) -> None:
+    store.save_state("record", b"kept")
+    (root / RESERVED_PREFIX / f"{TEMP_PREFIX}dead").write_bytes(b"torn")
+    assert store.recover() == 1
+    assert store.load_state("record") == b"kept"
