@@ -1,4 +1,4 @@
-"""The lease rules (DESIGN.md section 2), one test or more per rule.
+"""The lease rules of :mod:`fscache.leases`, one test or more per rule.
 
 Test rules: the lease table is driven by hand with an explicit ``now``; no event loop,
 no clock. Every test asserts the exact effect list and the exact deadline. Unless a
@@ -19,6 +19,7 @@ from fscache.leases import (
     AdaptiveTermPolicy,
     ApplyWrite,
     Discarded,
+    Footprint,
     Grant,
     HolderId,
     LeaseTable,
@@ -42,6 +43,11 @@ def just_before(t: float) -> float:
     return math.nextafter(t, -math.inf)
 
 
+def only(key: str) -> Footprint:
+    """A write of one key: an overwrite of an existing file."""
+    return Footprint((key,))
+
+
 def table(*, term: float = TERM, hold_writes_until: float | None = None) -> LeaseTable:
     return LeaseTable(
         AdaptiveTermPolicy(default=term, hot_writes=0),
@@ -54,7 +60,7 @@ def table(*, term: float = TERM, hold_writes_until: float | None = None) -> Leas
 def test_read_grants_the_default_term_of_10_s_and_records_expiry_now_plus_term() -> None:
     t = LeaseTable(AdaptiveTermPolicy())
 
-    assert t.read(op(1), A, "p", now=3.0) == [Grant(op(1), A, "p", 10.0)]
+    assert t.read(op(1), A, "p", now=3.0) == 10.0
     assert t.holders("p", now=3.0) == {A: 13.0}
     assert (DEFAULT_TERM, DEFAULT_SKEW, t.skew) == (10.0, 0.1, 0.1)
 
@@ -63,26 +69,26 @@ def test_a_second_read_renews_the_lease_from_its_own_now() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
 
-    assert t.read(op(2), A, "p", now=4.0) == [Grant(op(2), A, "p", TERM)]
+    assert t.read(op(2), A, "p", now=4.0) == TERM
     assert t.holders("p", now=4.0) == {A: 14.0}
 
 
 def test_term_zero_grants_the_read_but_records_no_lease() -> None:
     t = table(term=0.0)
 
-    assert t.read(op(1), A, "p", now=1.0) == [Grant(op(1), A, "p", 0.0)]
+    assert t.read(op(1), A, "p", now=1.0) == 0.0
     assert t.holders("p", now=1.0) == {}
     assert t.live_leases(now=1.0) == 0
     assert t.leases_granted == 0
     assert t.next_deadline() is None
-    assert t.write(op(2), B, "p", now=1.0) == [ApplyWrite(op(2), B, "p")]
+    assert t.write(op(2), B, only("p"), now=1.0) == [ApplyWrite(op(2), B, "p")]
 
 
 def test_read_leases_are_shared_by_many_holders() -> None:
     t = table()
 
-    assert t.read(op(1), A, "p", now=0.0) == [Grant(op(1), A, "p", TERM)]
-    assert t.read(op(2), B, "p", now=1.0) == [Grant(op(2), B, "p", TERM)]
+    assert t.read(op(1), A, "p", now=0.0) == TERM
+    assert t.read(op(2), B, "p", now=1.0) == TERM
     assert t.holders("p", now=1.0) == {A: 10.0, B: 11.0}
     assert t.live_leases(now=1.0) == 2
 
@@ -91,7 +97,7 @@ def test_read_leases_are_shared_by_many_holders() -> None:
 def test_write_with_no_other_holder_is_applied_in_the_same_call() -> None:
     t = table()
 
-    assert t.write(op(1), A, "p", now=0.0) == [ApplyWrite(op(1), A, "p")]
+    assert t.write(op(1), A, only("p"), now=0.0) == [ApplyWrite(op(1), A, "p")]
     assert t.writes_delayed == 0
     assert t.next_deadline() is None
 
@@ -100,7 +106,7 @@ def test_the_writers_own_lease_needs_no_approval() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
 
-    assert t.write(op(2), A, "p", now=1.0) == [ApplyWrite(op(2), A, "p")]
+    assert t.write(op(2), A, only("p"), now=1.0) == [ApplyWrite(op(2), A, "p")]
     assert t.approvals_sent == 0
 
 
@@ -109,7 +115,7 @@ def test_write_against_live_holders_sends_one_approval_request_per_holder_and_wa
     t.read(op(1), A, "p", now=0.0)
     t.read(op(2), B, "p", now=0.5)
 
-    assert t.write(op(3), C, "p", now=1.0) == [
+    assert t.write(op(3), C, only("p"), now=1.0) == [
         SendApprovalRequest(A, "p", op(3)),
         SendApprovalRequest(B, "p", op(3)),
     ]
@@ -122,7 +128,7 @@ def test_write_is_applied_as_soon_as_every_other_holder_has_approved() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
     t.read(op(2), B, "p", now=0.5)
-    t.write(op(3), C, "p", now=1.0)
+    t.write(op(3), C, only("p"), now=1.0)
 
     assert t.approve(A, "p", op(3), now=1.2) == []
     assert t.approve(B, "p", op(3), now=1.3) == [ApplyWrite(op(3), C, "p")]
@@ -133,7 +139,7 @@ def test_approval_for_another_write_path_or_from_a_holder_not_asked_is_ignored()
     t = table()
     t.read(op(1), A, "p", now=0.0)
     t.read(op(2), A, "q", now=0.0)
-    t.write(op(3), B, "p", now=1.0)
+    t.write(op(3), B, only("p"), now=1.0)
 
     assert t.approve(A, "p", op(99), now=1.1) == []  # wrong write id
     assert t.approve(C, "p", op(3), now=1.2) == []  # C was never asked
@@ -147,7 +153,7 @@ def test_approval_for_another_write_path_or_from_a_holder_not_asked_is_ignored()
 def test_silent_holder_is_waited_out_until_grant_plus_term_plus_skew_exactly() -> None:
     t = table()
     t.read(op(1), A, "p", now=2.0)
-    assert t.write(op(2), B, "p", now=3.0) == [SendApprovalRequest(A, "p", op(2))]
+    assert t.write(op(2), B, only("p"), now=3.0) == [SendApprovalRequest(A, "p", op(2))]
 
     assert t.next_deadline() == 12.1
     assert t.tick(just_before(12.1)) == []
@@ -159,7 +165,7 @@ def test_one_holder_approves_the_silent_one_is_waited_out() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
     t.read(op(2), B, "p", now=0.5)
-    t.write(op(3), C, "p", now=1.0)
+    t.write(op(3), C, only("p"), now=1.0)
 
     assert t.approve(A, "p", op(3), now=2.0) == []
     assert t.next_deadline() == 10.6  # B's lease: granted at 0.5, + term + skew
@@ -171,7 +177,7 @@ def test_a_lease_past_expiry_plus_skew_does_not_delay_a_write() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
 
-    assert t.write(op(2), B, "p", now=10.1) == [ApplyWrite(op(2), B, "p")]
+    assert t.write(op(2), B, only("p"), now=10.1) == [ApplyWrite(op(2), B, "p")]
     assert t.approvals_sent == 0
 
 
@@ -179,14 +185,14 @@ def test_a_lease_inside_the_skew_margin_still_delays_a_write() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
 
-    assert t.write(op(2), B, "p", now=10.05) == [SendApprovalRequest(A, "p", op(2))]
+    assert t.write(op(2), B, only("p"), now=10.05) == [SendApprovalRequest(A, "p", op(2))]
     assert t.next_deadline() == 10.1
 
 
 def test_write_done_commits_with_a_lease_for_the_writer_on_the_new_contents() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
-    t.write(op(2), B, "p", now=1.0)
+    t.write(op(2), B, only("p"), now=1.0)
     t.approve(A, "p", op(2), now=1.5)
 
     assert t.write_done(op(2), now=2.0, ok=True) == [WriteCommitted(op(2), B, "p", TERM)]
@@ -199,10 +205,10 @@ def test_write_done_commits_with_a_lease_for_the_writer_on_the_new_contents() ->
 def test_reads_arriving_while_a_write_waits_are_queued_not_granted() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
-    t.write(op(2), B, "p", now=1.0)
+    t.write(op(2), B, only("p"), now=1.0)
 
-    assert t.read(op(3), C, "p", now=2.0) == []
-    assert t.read(op(4), A, "p", now=3.0) == []  # not even a renewal for a holder
+    assert t.read(op(3), C, "p", now=2.0) is None
+    assert t.read(op(4), A, "p", now=3.0) is None  # not even a renewal for a holder
     assert t.holders("p", now=3.0) == {A: 10.0}
     assert t.leases_granted == 1
 
@@ -210,7 +216,7 @@ def test_reads_arriving_while_a_write_waits_are_queued_not_granted() -> None:
 def test_queued_reads_are_granted_in_arrival_order_right_after_write_done() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
-    t.write(op(2), B, "p", now=1.0)
+    t.write(op(2), B, only("p"), now=1.0)
     t.read(op(3), C, "p", now=2.0)
     t.read(op(4), A, "p", now=3.0)
     assert t.approve(A, "p", op(2), now=4.0) == [ApplyWrite(op(2), B, "p")]
@@ -225,9 +231,9 @@ def test_queued_reads_are_granted_in_arrival_order_right_after_write_done() -> N
 
 def test_reads_arriving_while_a_write_is_being_applied_also_wait() -> None:
     t = table()
-    assert t.write(op(1), A, "p", now=0.0) == [ApplyWrite(op(1), A, "p")]
+    assert t.write(op(1), A, only("p"), now=0.0) == [ApplyWrite(op(1), A, "p")]
 
-    assert t.read(op(2), B, "p", now=0.5) == []
+    assert t.read(op(2), B, "p", now=0.5) is None
     assert t.write_done(op(1), now=1.0, ok=True) == [
         WriteCommitted(op(1), A, "p", TERM),
         Grant(op(2), B, "p", TERM),
@@ -237,9 +243,9 @@ def test_reads_arriving_while_a_write_is_being_applied_also_wait() -> None:
 def test_reads_queued_before_a_second_write_are_granted_before_it_starts() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
-    t.write(op(2), B, "p", now=1.0)
+    t.write(op(2), B, only("p"), now=1.0)
     t.read(op(3), C, "p", now=2.0)  # arrives before the second write
-    t.write(op(4), A, "p", now=3.0)
+    t.write(op(4), A, only("p"), now=3.0)
     t.read(op(5), D, "p", now=3.5)  # arrives after it
     t.approve(A, "p", op(2), now=4.0)
 
@@ -261,7 +267,7 @@ def test_extend_is_stale_while_a_write_is_queued_on_the_path() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
     t.read(op(2), B, "p", now=0.0)
-    t.write(op(3), C, "p", now=1.0)
+    t.write(op(3), C, only("p"), now=1.0)
 
     assert t.extend(A, [("p", True)], now=2.0) == [None]
     assert t.holders("p", now=2.0) == {A: 10.0, B: 10.0}
@@ -270,9 +276,9 @@ def test_extend_is_stale_while_a_write_is_queued_on_the_path() -> None:
 # ---------------------------------------------------------------- write order
 def test_writes_on_one_path_are_applied_in_arrival_order() -> None:
     t = table()
-    assert t.write(op(1), A, "p", now=0.0) == [ApplyWrite(op(1), A, "p")]
-    assert t.write(op(2), B, "p", now=0.1) == []
-    assert t.write(op(3), C, "p", now=0.2) == []
+    assert t.write(op(1), A, only("p"), now=0.0) == [ApplyWrite(op(1), A, "p")]
+    assert t.write(op(2), B, only("p"), now=0.1) == []
+    assert t.write(op(3), C, only("p"), now=0.2) == []
     assert t.pending_writes() == 3
 
     # the second write starts only now, and needs the first writer's approval:
@@ -292,8 +298,8 @@ def test_writes_on_one_path_are_applied_in_arrival_order() -> None:
 
 def test_next_write_waits_out_a_silent_first_writer_from_its_write_done() -> None:
     t = table()
-    t.write(op(1), A, "p", now=0.0)
-    t.write(op(2), B, "p", now=0.5)
+    t.write(op(1), A, only("p"), now=0.0)
+    t.write(op(2), B, only("p"), now=0.5)
     t.write_done(op(1), now=1.0, ok=True)
 
     assert t.next_deadline() == 11.1  # A's new lease: 1.0 + term + skew
@@ -304,10 +310,10 @@ def test_next_write_waits_out_a_silent_first_writer_from_its_write_done() -> Non
 def test_writes_to_different_paths_do_not_wait_for_each_other() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
-    assert t.write(op(2), B, "p", now=1.0) == [SendApprovalRequest(A, "p", op(2))]
+    assert t.write(op(2), B, only("p"), now=1.0) == [SendApprovalRequest(A, "p", op(2))]
 
-    assert t.write(op(3), C, "q", now=2.0) == [ApplyWrite(op(3), C, "q")]
-    assert t.read(op(4), D, "q", now=2.5) == []  # q is busy with its own write
+    assert t.write(op(3), C, only("q"), now=2.0) == [ApplyWrite(op(3), C, "q")]
+    assert t.read(op(4), D, "q", now=2.5) is None  # q is busy with its own write
     assert t.write_done(op(3), now=3.0, ok=True) == [
         WriteCommitted(op(3), C, "q", TERM),
         Grant(op(4), D, "q", TERM),
@@ -323,14 +329,14 @@ def test_relinquish_ends_the_lease() -> None:
 
     assert t.relinquish(A, ["p", "not-held"], now=1.0) == []
     assert t.holders("p", now=1.0) == {}
-    assert t.write(op(2), B, "p", now=2.0) == [ApplyWrite(op(2), B, "p")]
+    assert t.write(op(2), B, only("p"), now=2.0) == [ApplyWrite(op(2), B, "p")]
 
 
 def test_relinquish_counts_as_approval() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
     t.read(op(2), B, "p", now=0.0)
-    t.write(op(3), C, "p", now=1.0)
+    t.write(op(3), C, only("p"), now=1.0)
 
     assert t.relinquish(A, ["p"], now=2.0) == []
     assert t.relinquish(B, ["p"], now=3.0) == [ApplyWrite(op(3), C, "p")]
@@ -339,7 +345,7 @@ def test_relinquish_counts_as_approval() -> None:
 def test_goodbye_relinquishes_all_leases_and_applies_the_write_waiting_on_them() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
-    t.write(op(2), B, "p", now=1.0)
+    t.write(op(2), B, only("p"), now=1.0)
     t.read(op(3), A, "p", now=1.5)  # A's own queued read goes too
 
     assert t.disconnected(A, goodbye=True, now=2.0) == [
@@ -354,8 +360,8 @@ def test_goodbye_releases_writes_on_every_path_the_holder_held() -> None:
     t.read(op(1), A, "p", now=0.0)
     t.read(op(2), A, "q", now=0.0)
     t.read(op(3), A, "r", now=0.0)
-    t.write(op(4), B, "p", now=1.0)
-    t.write(op(5), C, "q", now=1.0)
+    t.write(op(4), B, only("p"), now=1.0)
+    t.write(op(5), C, only("q"), now=1.0)
 
     effects = t.disconnected(A, goodbye=True, now=2.0)
 
@@ -370,7 +376,7 @@ def test_goodbye_releases_writes_on_every_path_the_holder_held() -> None:
 def test_disconnect_without_goodbye_keeps_leases_until_expiry_plus_skew() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
-    t.write(op(2), B, "p", now=1.0)
+    t.write(op(2), B, only("p"), now=1.0)
 
     assert t.disconnected(A, goodbye=False, now=2.0) == []
     assert t.holders("p", now=2.0) == {A: 10.0}
@@ -382,7 +388,7 @@ def test_disconnect_without_goodbye_keeps_leases_until_expiry_plus_skew() -> Non
 def test_disconnect_discards_the_holders_queued_reads_only() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
-    t.write(op(2), B, "p", now=1.0)
+    t.write(op(2), B, only("p"), now=1.0)
     t.read(op(3), C, "p", now=2.0)
     t.read(op(4), D, "p", now=2.5)
     t.read(op(5), C, "p", now=3.0)
@@ -400,8 +406,8 @@ def test_reconnect_resends_the_approval_requests_still_waiting_on_the_holder() -
     t.read(op(1), A, "p", now=0.0)
     t.read(op(2), B, "p", now=0.0)
     t.read(op(3), A, "q", now=0.0)
-    t.write(op(4), C, "p", now=1.0)
-    t.write(op(5), D, "q", now=1.0)
+    t.write(op(4), C, only("p"), now=1.0)
+    t.write(op(5), D, only("q"), now=1.0)
     t.approve(B, "p", op(4), now=1.5)
     t.disconnected(A, goodbye=False, now=2.0)
 
@@ -437,7 +443,7 @@ def test_extend_of_a_current_copy_whose_lease_has_lapsed_grants_a_new_lease() ->
 def test_failed_write_gives_no_commit_ends_approved_leases_and_lets_queued_reads_go() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
-    t.write(op(2), B, "p", now=1.0)
+    t.write(op(2), B, only("p"), now=1.0)
     t.read(op(3), C, "p", now=2.0)
     t.approve(A, "p", op(2), now=3.0)
 
@@ -449,17 +455,17 @@ def test_failed_write_gives_no_commit_ends_approved_leases_and_lets_queued_reads
 def test_failed_write_keeps_the_writers_own_lease_on_the_unchanged_contents() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
-    t.write(op(2), A, "p", now=1.0)  # e.g. a compare-and-set that will lose
+    t.write(op(2), A, only("p"), now=1.0)  # e.g. a compare-and-set that will lose
 
     assert t.write_done(op(2), now=2.0, ok=False) == []
     assert t.holders("p", now=2.0) == {A: 10.0}  # A still caches the old contents
-    assert t.write(op(3), B, "p", now=3.0) == [SendApprovalRequest(A, "p", op(3))]
+    assert t.write(op(3), B, only("p"), now=3.0) == [SendApprovalRequest(A, "p", op(3))]
 
 
 def test_write_done_for_an_op_not_being_applied_raises_unknown_op() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)
-    t.write(op(2), B, "p", now=1.0)  # waiting, not yet applying
+    t.write(op(2), B, only("p"), now=1.0)  # waiting, not yet applying
 
     with pytest.raises(UnknownOp):
         t.write_done(op(2), now=2.0, ok=True)
@@ -479,13 +485,13 @@ HOLD = START + TERM + SKEW  # start + max_term + skew
 def test_restart_window_serves_reads_at_once() -> None:
     t = table(hold_writes_until=HOLD)
 
-    assert t.read(op(1), A, "p", now=START) == [Grant(op(1), A, "p", TERM)]
+    assert t.read(op(1), A, "p", now=START) == TERM
 
 
 def test_restart_window_holds_a_write_with_no_holders_until_its_end_exactly() -> None:
     t = table(hold_writes_until=HOLD)
 
-    assert t.write(op(1), A, "p", now=START + 1.0) == []
+    assert t.write(op(1), A, only("p"), now=START + 1.0) == []
     assert t.writes_delayed == 1
     assert t.next_deadline() == HOLD == 110.1
     assert t.tick(just_before(HOLD)) == []
@@ -495,7 +501,7 @@ def test_restart_window_holds_a_write_with_no_holders_until_its_end_exactly() ->
 def test_restart_window_holds_a_write_whose_holders_approved_until_its_end() -> None:
     t = table(hold_writes_until=HOLD)
     t.read(op(1), A, "p", now=START)
-    assert t.write(op(2), B, "p", now=START + 1.0) == [SendApprovalRequest(A, "p", op(2))]
+    assert t.write(op(2), B, only("p"), now=START + 1.0) == [SendApprovalRequest(A, "p", op(2))]
 
     assert t.approve(A, "p", op(2), now=START + 2.0) == []
     assert t.next_deadline() == HOLD
@@ -505,7 +511,7 @@ def test_restart_window_holds_a_write_whose_holders_approved_until_its_end() -> 
 def test_writes_after_the_restart_window_are_applied_at_once() -> None:
     t = table(hold_writes_until=HOLD)
 
-    assert t.write(op(1), A, "p", now=HOLD) == [ApplyWrite(op(1), A, "p")]
+    assert t.write(op(1), A, only("p"), now=HOLD) == [ApplyWrite(op(1), A, "p")]
 
 
 # ---------------------------------------------------------------- counters
@@ -513,9 +519,9 @@ def test_counters_count_leases_granted_approvals_sent_and_writes_delayed() -> No
     t = table()
     t.read(op(1), A, "p", now=0.0)  # lease 1
     t.read(op(2), B, "p", now=0.0)  # lease 2
-    t.write(op(3), C, "q", now=0.0)  # applied at once
+    t.write(op(3), C, only("q"), now=0.0)  # applied at once
     t.write_done(op(3), now=0.5, ok=True)  # lease 3 (the writer's)
-    t.write(op(4), C, "p", now=1.0)  # 2 approval requests, delayed
+    t.write(op(4), C, only("p"), now=1.0)  # 2 approval requests, delayed
     t.extend(A, [("q", True)], now=1.0)  # lease 4
     t.connected(A, now=1.5)  # a resend is not a new request
 
@@ -559,14 +565,14 @@ def test_purge_keeps_a_lease_that_was_renewed() -> None:
 def test_write_shared_rule_a_path_written_hot_writes_times_within_window_gets_term_0() -> None:
     t = LeaseTable(AdaptiveTermPolicy(default=TERM, hot_writes=3, window=10.0), skew=SKEW)
     for n, now in enumerate([0.0, 1.0], start=1):
-        t.write(op(n), A, "p", now=now)
+        t.write(op(n), A, only("p"), now=now)
         assert t.write_done(op(n), now=now, ok=True) == [WriteCommitted(op(n), A, "p", TERM)]
-    t.write(op(3), A, "p", now=2.0)
+    t.write(op(3), A, only("p"), now=2.0)
 
     assert t.write_done(op(3), now=2.0, ok=True) == [WriteCommitted(op(3), A, "p", 0.0)]
-    assert t.read(op(4), B, "p", now=3.0) == [Grant(op(4), B, "p", 0.0)]
+    assert t.read(op(4), B, "p", now=3.0) == 0.0
     assert t.holders("p", now=3.0) == {}  # not cached anywhere
-    assert t.read(op(5), B, "q", now=3.0) == [Grant(op(5), B, "q", TERM)]  # other paths: not
+    assert t.read(op(5), B, "q", now=3.0) == TERM  # other paths: not
 
 
 def test_write_shared_rule_returns_to_the_default_term_once_the_window_has_passed() -> None:

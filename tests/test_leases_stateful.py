@@ -45,6 +45,7 @@ from fscache.leases import (
     ApplyWrite,
     Discarded,
     Effect,
+    Footprint,
     Grant,
     HolderId,
     LeaseTable,
@@ -183,12 +184,12 @@ class LeaseTableMachine(RuleBasedStateMachine):
         busy = any(
             w.path == path and w.is_write for w in [*self.queued.values(), *self.applying.values()]
         )
-        effects = self.table.read(op, holder, path, self.now)
+        term = self.table.read(op, holder, path, self.now)
         if busy:  # (c) it waits for the write
-            assert effects == []
+            assert term is None
         else:
-            assert len(effects) == 1 and isinstance(effects[0], Grant)
-        self.absorb(effects)
+            assert term is not None
+            self.on_grant(Grant(op, holder, path, term))
 
     @precondition(lambda self: self.connected)
     @rule(data=st.data(), path=st.sampled_from(PATHS))
@@ -196,7 +197,7 @@ class LeaseTableMachine(RuleBasedStateMachine):
         holder = self.connected_holder(data)
         op = self.new_op()
         self.queued[op] = PendingOp(op, holder, path, is_write=True)
-        effects = self.table.write(op, holder, path, self.now)
+        effects = self.table.write(op, holder, Footprint((path,)), self.now)
         if ApplyWrite(op, holder, path) not in effects:
             self.writes_delayed += 1
         self.absorb(effects)
