@@ -476,15 +476,17 @@ class LeaseTable:
         """Before an operation on ``key`` is queued, each queued directory rename above
         ``key`` that lacks it joins its queue, in arrival order. A key it lacks had no
         lease and no queue when it arrived and was given none since (an operation on it
-        would have joined it then), so the rename heads the new queue and has no
-        holder to ask."""
+        would have joined it then), so the first to join heads a new queue and has no
+        holder to ask; the others start on it from :meth:`_advance`, in turn."""
         for write in self._subtree_writes:
             if key not in write.keys and key.startswith(write.subtrees):
                 write.keys[key] = None
-                self._queues.setdefault(key, deque()).append(write)
-                write.started.add(key)
-                if write.op not in self._applying:
-                    self._started[key] = write
+                queue = self._queues.setdefault(key, deque())
+                queue.append(write)
+                if queue[0] is write:
+                    write.started.add(key)
+                    if write.op not in self._applying:
+                        self._started[key] = write
 
     def _advance(self, key: str, now: float) -> list[Effect]:
         """Serve the head of ``key``'s queue: grant leading reads, start the next write."""

@@ -28,6 +28,14 @@ from fscache.leases import (
     UnknownOp,
     WriteCommitted,
 )
+from fscache.names import (
+    dir_key,
+    keys_for_delete,
+    keys_for_mkdir,
+    keys_for_rename,
+    keys_for_rmdir,
+    keys_for_write,
+)
 
 TERM = 10.0
 SKEW = 0.1
@@ -621,3 +629,360 @@ def test_term_policy_refuses_nonsense_settings(kwargs: dict[str, float]) -> None
 def test_lease_table_refuses_a_negative_skew(skew: float) -> None:
     with pytest.raises(ValueError):
         LeaseTable(AdaptiveTermPolicy(), skew=skew)
+
+
+# ---------------------------------------------------------------- writes over several keys
+def test_a_rename_against_a_silent_holder_of_the_destination_is_applied_at_grant_term_skew() -> (
+    None
+):
+    t = table()
+    t.read(op(1), A, "d/b", now=2.0)
+    rename = keys_for_rename("d/a", "d/b", src_is_dir=False, dst_exists=True)
+
+    assert t.write(op(2), B, rename, now=3.0) == [SendApprovalRequest(A, "d/b", op(2))]
+    assert t.next_deadline() == 12.1
+    assert t.tick(just_before(12.1)) == []
+    assert t.tick(12.1) == [ApplyWrite(op(2), B, "d/b")]
+
+
+def test_a_rename_asks_the_holders_of_both_names_and_leaves_no_lease_on_either() -> None:
+    t = table()
+    t.read(op(1), A, "d/a", now=0.0)
+    t.read(op(2), C, "d/b", now=0.0)
+    t.read(op(3), B, "d/a", now=0.0)  # the renaming client's own copy needs no approval
+    rename = keys_for_rename("d/a", "d/b", src_is_dir=False, dst_exists=True)
+
+    assert t.write(op(4), B, rename, now=1.0) == [
+        SendApprovalRequest(C, "d/b", op(4)),
+        SendApprovalRequest(A, "d/a", op(4)),
+    ]
+    assert t.approve(C, "d/b", op(4), now=1.5) == []
+    assert t.approve(A, "d/a", op(4), now=2.0) == [ApplyWrite(op(4), B, "d/b")]
+    assert t.write_done(op(4), now=2.5, ok=True) == [WriteCommitted(op(4), B, "d/b", TERM)]
+    assert t.holders("d/a", now=2.5) == {}  # the writer's copy of the old name is gone too
+    assert t.holders("d/b", now=2.5) == {B: 12.5}  # what it renamed, under the new name
+
+
+def test_a_write_over_several_keys_waits_for_the_last_holder_of_any_of_them() -> None:
+    t = table()
+    t.read(op(1), A, "x", now=0.0)
+    t.read(op(2), C, "y", now=4.0)
+
+    assert t.write(op(3), B, Footprint(("x", "y")), now=5.0) == [
+        SendApprovalRequest(A, "x", op(3)),
+        SendApprovalRequest(C, "y", op(3)),
+    ]
+    assert t.next_deadline() == 10.1  # A's lease: it expires first
+    assert t.tick(10.1) == []  # but C's lease on y still holds the write
+    assert t.next_deadline() == 14.1
+    assert t.tick(just_before(14.1)) == []
+    assert t.tick(14.1) == [ApplyWrite(op(3), B, "x")]
+
+
+def test_two_crossing_renames_queue_in_arrival_order_without_deadlock() -> None:
+    t = table()
+    t.read(op(1), A, "a", now=0.0)
+    t.read(op(2), C, "b", now=0.0)
+    a_to_b = keys_for_rename("a", "b", src_is_dir=False, dst_exists=True)
+    b_to_a = keys_for_rename("b", "a", src_is_dir=False, dst_exists=True)
+
+    assert t.write(op(3), B, a_to_b, now=1.0) == [
+        SendApprovalRequest(C, "b", op(3)),
+        SendApprovalRequest(A, "a", op(3)),
+    ]
+    assert t.write(op(4), D, b_to_a, now=1.0) == []  # behind a -> b on both names
+    assert t.approve(C, "b", op(3), now=2.0) == []
+    assert t.approve(A, "a", op(3), now=3.0) == [ApplyWrite(op(3), B, "b")]
+    # the second rename starts on every key the moment the first is done, and its
+    # only holder is the first renamer, on the name it renamed to
+    assert t.write_done(op(3), now=4.0, ok=True) == [
+        WriteCommitted(op(3), B, "b", TERM),
+        SendApprovalRequest(B, "b", op(4)),
+    ]
+    assert t.approve(B, "b", op(4), now=5.0) == [ApplyWrite(op(4), D, "a")]
+    assert t.write_done(op(4), now=6.0, ok=True) == [WriteCommitted(op(4), D, "a", TERM)]
+    assert t.pending_writes() == 0
+
+
+def test_two_crossing_renames_against_silent_holders_finish_one_after_the_other() -> None:
+    t = table()
+    t.read(op(1), A, "a", now=0.0)
+    t.read(op(2), C, "b", now=1.0)
+    t.write(op(3), B, Footprint(("b", "a")), now=2.0)
+    t.write(op(4), D, Footprint(("a", "b")), now=2.0)
+
+    assert t.next_deadline() == 10.1  # only the first rename waits on time
+    assert t.tick(10.1) == []
+    assert t.tick(11.1) == [ApplyWrite(op(3), B, "b")]
+    assert t.write_done(op(3), now=12.0, ok=True) == [
+        WriteCommitted(op(3), B, "b", TERM),
+        SendApprovalRequest(B, "b", op(4)),
+    ]
+    assert t.next_deadline() == 22.1  # B's new lease, from its write_done
+    assert t.tick(just_before(22.1)) == []
+    assert t.tick(22.1) == [ApplyWrite(op(4), D, "a")]
+
+
+def test_a_read_between_two_multi_key_writes_is_granted_between_them() -> None:
+    t = table()
+    t.write(op(1), A, Footprint(("a", "b")), now=0.0)
+    assert t.read(op(2), C, "b", now=1.0) is None
+    t.write(op(3), B, Footprint(("b", "c")), now=2.0)
+    assert t.read(op(4), D, "b", now=3.0) is None
+
+    assert t.write_done(op(1), now=4.0, ok=True) == [
+        WriteCommitted(op(1), A, "a", TERM),
+        Grant(op(2), C, "b", TERM),
+        SendApprovalRequest(C, "b", op(3)),
+    ]
+    assert t.approve(C, "b", op(3), now=5.0) == [ApplyWrite(op(3), B, "b")]
+    assert t.write_done(op(3), now=6.0, ok=True) == [
+        WriteCommitted(op(3), B, "b", TERM),
+        Grant(op(4), D, "b", TERM),
+    ]
+
+
+def test_writes_over_several_keys_with_none_in_common_do_not_wait_for_each_other() -> None:
+    t = table()
+    t.read(op(1), A, "a", now=0.0)
+    assert t.write(op(2), B, Footprint(("a", "b")), now=1.0) == [SendApprovalRequest(A, "a", op(2))]
+
+    assert t.write(op(3), C, Footprint(("c", "d")), now=2.0) == [ApplyWrite(op(3), C, "c")]
+
+
+def test_the_restart_window_holds_a_write_over_several_keys_until_its_end() -> None:
+    t = table(hold_writes_until=HOLD)
+
+    assert t.write(op(1), A, Footprint(("a", "b")), now=START) == []
+    assert t.next_deadline() == HOLD
+    assert t.tick(HOLD) == [ApplyWrite(op(1), A, "a")]
+
+
+def test_a_failed_write_over_several_keys_keeps_the_writers_leases_on_all_of_them() -> None:
+    t = table()
+    t.read(op(1), A, "a", now=0.0)
+    t.read(op(2), A, "b", now=0.0)
+    t.read(op(3), B, "b", now=0.0)
+    t.write(op(4), A, Footprint(("a", "b")), now=1.0)
+    t.approve(B, "b", op(4), now=2.0)
+
+    assert t.write_done(op(4), now=3.0, ok=False) == []
+    assert (t.holders("a", now=3.0), t.holders("b", now=3.0)) == ({A: 10.0}, {A: 10.0})
+
+
+# ---------------------------------------------------------------- directory leases
+def test_a_listing_leases_the_directorys_name_set_under_its_own_key() -> None:
+    t = table()
+
+    assert t.read(op(1), A, dir_key("d"), now=0.0) == TERM
+    assert t.holders("d/", now=0.0) == {A: 10.0}
+    assert t.holders("d", now=0.0) == {}  # a file named d is another key
+
+
+def test_a_create_in_a_directory_is_applied_only_after_the_listing_holders_approve() -> None:
+    t = table()
+    t.read(op(1), A, dir_key("d"), now=0.0)
+    t.read(op(2), C, dir_key("d"), now=0.5)
+
+    assert t.write(op(3), B, keys_for_write("d/new", creates=True), now=1.0) == [
+        SendApprovalRequest(A, "d/", op(3)),
+        SendApprovalRequest(C, "d/", op(3)),
+    ]
+    assert t.read(op(4), D, dir_key("d"), now=1.5) is None  # listings wait for it
+    assert t.approve(A, "d/", op(3), now=2.0) == []
+    assert t.approve(C, "d/", op(3), now=2.5) == [ApplyWrite(op(3), B, "d/new")]
+    assert t.write_done(op(3), now=3.0, ok=True) == [
+        WriteCommitted(op(3), B, "d/new", TERM),
+        Grant(op(4), D, "d/", TERM),
+    ]
+
+
+def test_a_create_against_a_silent_listing_holder_waits_until_grant_term_skew() -> None:
+    t = table()
+    t.read(op(1), A, dir_key(""), now=1.0)  # a listing of the root
+
+    assert t.write(op(2), B, keys_for_write("new", creates=True), now=2.0) == [
+        SendApprovalRequest(A, "/", op(2))
+    ]
+    assert t.tick(just_before(11.1)) == []
+    assert t.tick(11.1) == [ApplyWrite(op(2), B, "new")]
+
+
+def test_an_overwrite_a_ranged_write_or_a_truncate_does_not_disturb_a_listing() -> None:
+    t = table()
+    t.read(op(1), A, dir_key("d"), now=0.0)
+
+    assert t.write(op(2), B, keys_for_write("d/x", creates=False), now=1.0) == [
+        ApplyWrite(op(2), B, "d/x")
+    ]
+    assert t.holders("d/", now=1.0) == {A: 10.0}
+
+
+def test_a_file_lease_and_a_directory_lease_of_one_name_never_collide() -> None:
+    t = table()
+    t.read(op(1), A, "d", now=0.0)  # the file d
+    t.read(op(2), C, dir_key("d"), now=0.0)  # the directory d's names
+
+    assert t.write(op(3), B, Footprint(("d",)), now=1.0) == [SendApprovalRequest(A, "d", op(3))]
+    assert t.holders("d/", now=1.0) == {C: 10.0}
+
+
+def test_delete_asks_the_holders_of_the_file_and_of_its_directorys_listing() -> None:
+    t = table()
+    t.read(op(1), A, "d/x", now=0.0)
+    t.read(op(2), C, dir_key("d"), now=0.0)
+
+    assert t.write(op(3), B, keys_for_delete("d/x"), now=1.0) == [
+        SendApprovalRequest(A, "d/x", op(3)),
+        SendApprovalRequest(C, "d/", op(3)),
+    ]
+
+
+def test_mkdir_is_a_write_on_the_parents_listing_and_leaves_the_writer_the_new_one() -> None:
+    t = table()
+    t.read(op(1), A, dir_key("d"), now=0.0)
+
+    assert t.write(op(2), B, keys_for_mkdir("d/s"), now=1.0) == [
+        SendApprovalRequest(A, "d/", op(2))
+    ]
+    assert t.tick(10.1) == [ApplyWrite(op(2), B, "d/s/")]
+    assert t.write_done(op(2), now=10.5, ok=True) == [WriteCommitted(op(2), B, "d/s/", TERM)]
+    assert t.holders("d/", now=10.5) == {}
+
+
+def test_rmdir_is_a_write_on_the_directorys_own_listing_and_its_parents() -> None:
+    t = table()
+    t.read(op(1), A, dir_key("d/s"), now=0.0)
+    t.read(op(2), C, dir_key("d"), now=1.0)
+
+    assert t.write(op(3), B, keys_for_rmdir("d/s"), now=2.0) == [
+        SendApprovalRequest(A, "d/s/", op(3)),
+        SendApprovalRequest(C, "d/", op(3)),
+    ]
+    assert t.approve(C, "d/", op(3), now=3.0) == []
+    assert t.next_deadline() == 10.1  # A, silent
+    assert t.tick(10.1) == [ApplyWrite(op(3), B, "d/s/")]
+
+
+def test_a_rename_across_directories_asks_both_listings_inside_one_only_that_one() -> None:
+    t = table()
+    t.read(op(1), A, dir_key("d"), now=0.0)
+    t.read(op(2), C, dir_key("e"), now=0.0)
+    inside = keys_for_rename("d/a", "d/b", src_is_dir=False, dst_exists=False)
+    across = keys_for_rename("d/b", "e/b", src_is_dir=False, dst_exists=False)
+
+    assert t.write(op(3), B, inside, now=1.0) == [SendApprovalRequest(A, "d/", op(3))]
+    t.approve(A, "d/", op(3), now=1.5)
+    t.write_done(op(3), now=2.0, ok=True)
+    t.read(op(4), A, dir_key("d"), now=3.0)
+    assert t.write(op(5), B, across, now=4.0) == [
+        SendApprovalRequest(A, "d/", op(5)),
+        SendApprovalRequest(C, "e/", op(5)),
+    ]
+
+
+# ---------------------------------------------------------------- directory renames
+def test_a_directory_rename_ends_every_lease_on_names_beneath_it() -> None:
+    t = table()
+    t.read(op(1), A, "d/x", now=0.0)
+    t.read(op(2), A, "d/s/y", now=0.0)
+    t.read(op(3), C, dir_key("d/s"), now=0.0)
+    t.read(op(4), C, "dx", now=1.0)  # a sibling whose name starts alike: not beneath d
+    rename = keys_for_rename("d", "e", src_is_dir=True, dst_exists=False)
+
+    assert t.write(op(5), B, rename, now=1.0) == [
+        SendApprovalRequest(A, "d/x", op(5)),
+        SendApprovalRequest(A, "d/s/y", op(5)),
+        SendApprovalRequest(C, "d/s/", op(5)),
+    ]
+    assert t.relinquish(A, ["d/x", "d/s/y"], now=2.0) == []
+    assert t.next_deadline() == 10.1  # C, silent
+    assert t.tick(10.1) == [ApplyWrite(op(5), B, "e/")]
+    assert t.write_done(op(5), now=10.5, ok=True) == [WriteCommitted(op(5), B, "e/", TERM)]
+    assert t.live_leases(now=10.5) == 2  # B's on e/ and C's on dx
+    assert t.holders("dx", now=10.5) == {C: 11.0}
+
+
+def test_operations_beneath_a_waiting_directory_rename_queue_behind_it() -> None:
+    t = table()
+    t.read(op(1), A, "d/x", now=0.0)
+    t.write(op(2), B, keys_for_rename("d", "e", src_is_dir=True, dst_exists=False), now=1.0)
+
+    assert t.read(op(3), C, "d/new", now=2.0) is None  # no lease or queue when it arrived
+    assert t.read(op(4), C, "e/x", now=2.5) is None  # beneath the destination too
+    assert t.write(op(5), D, keys_for_write("d/s/z", creates=True), now=3.0) == []
+    assert t.extend(A, [("d/y", True)], now=3.5) == [None]
+    assert t.is_blocked("d/anything") and not t.is_blocked("dx")
+    assert t.tick(10.1) == [ApplyWrite(op(2), B, "e/")]
+    assert t.write_done(op(2), now=11.0, ok=True) == [
+        WriteCommitted(op(2), B, "e/", TERM),
+        Grant(op(3), C, "d/new", TERM),
+        Grant(op(4), C, "e/x", TERM),
+        ApplyWrite(op(5), D, "d/s/z"),
+    ]
+
+
+def test_a_directory_rename_waits_for_a_write_beneath_it_that_arrived_first() -> None:
+    t = table()
+    assert t.write(op(1), A, only("d/x"), now=0.0) == [ApplyWrite(op(1), A, "d/x")]
+    rename = keys_for_rename("d", "e", src_is_dir=True, dst_exists=False)
+
+    assert t.write(op(2), B, rename, now=1.0) == []
+    # the first writer's new lease is on a name the rename ends: it is asked
+    assert t.write_done(op(1), now=2.0, ok=True) == [
+        WriteCommitted(op(1), A, "d/x", TERM),
+        SendApprovalRequest(A, "d/x", op(2)),
+    ]
+    assert t.approve(A, "d/x", op(2), now=3.0) == [ApplyWrite(op(2), B, "e/")]
+
+
+def test_a_second_directory_rename_beneath_the_first_is_ordered_after_it_on_every_key() -> None:
+    t = table()
+    t.read(op(1), A, "d/s/x", now=0.0)
+    t.write(op(2), B, keys_for_rename("d", "e", src_is_dir=True, dst_exists=False), now=1.0)
+    t.write(op(3), C, keys_for_rename("d/s", "f", src_is_dir=True, dst_exists=False), now=2.0)
+    assert t.read(op(4), D, "d/s/new", now=3.0) is None  # joins both, in arrival order
+
+    assert t.approve(A, "d/s/x", op(2), now=4.0) == [ApplyWrite(op(2), B, "e/")]
+    assert t.write_done(op(2), now=5.0, ok=False) == [ApplyWrite(op(3), C, "f/")]
+    assert t.write_done(op(3), now=6.0, ok=True) == [
+        WriteCommitted(op(3), C, "f/", TERM),
+        Grant(op(4), D, "d/s/new", TERM),
+    ]
+
+
+# ---------------------------------------------------------------- ranged reads
+def test_ranged_reads_are_reads_of_the_files_key_under_one_lease() -> None:
+    t = table()
+    assert t.read(op(1), A, "big", now=0.0) == TERM  # bytes 0..4095
+    assert t.read(op(2), A, "big", now=1.0) == TERM  # bytes 4096..8191: renews the one lease
+
+    assert t.holders("big", now=1.0) == {A: 11.0}
+    assert t.write(op(3), B, keys_for_write("big", creates=False), now=2.0) == [
+        SendApprovalRequest(A, "big", op(3))
+    ]
+    assert t.tick(11.1) == [ApplyWrite(op(3), B, "big")]
+
+
+def test_a_truncate_that_creates_its_file_asks_the_listing_holders() -> None:
+    t = table()
+    t.read(op(1), A, dir_key("d"), now=0.0)
+
+    assert t.write(op(2), B, keys_for_write("d/empty", creates=True), now=1.0) == [
+        SendApprovalRequest(A, "d/", op(2))
+    ]
+
+
+# ---------------------------------------------------------------- reconnect
+def test_reconnect_resends_no_request_for_a_lease_already_past_expiry_plus_skew() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), A, "q", now=5.0)
+    t.write(op(3), B, Footprint(("p", "q")), now=6.0)
+    t.disconnected(A, goodbye=False, now=7.0)
+
+    assert t.connected(A, now=just_before(10.1)) == [
+        SendApprovalRequest(A, "p", op(3)),
+        SendApprovalRequest(A, "q", op(3)),
+    ]
+    assert t.connected(A, now=10.1) == [SendApprovalRequest(A, "q", op(3))]
