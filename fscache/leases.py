@@ -352,8 +352,7 @@ class LeaseTable:
             self._queues.setdefault(key, deque()).append(write)
         if footprint.subtrees:
             self._subtree_writes.append(write)
-        for key in keys:
-            effects += self._advance(key, now)
+        effects += self._advance(keys, now)
         if not any(isinstance(e, ApplyWrite) and e.op == op for e in effects):
             self.writes_delayed += 1
         return effects
@@ -419,15 +418,14 @@ class LeaseTable:
             first = applied.first_key
             term = self._lease(applied.holder, first, now)
             effects.append(WriteCommitted(op, applied.holder, first, term))
-        for key in applied.keys:
-            effects += self._advance(key, now)
-        return effects
+        return effects + self._advance(applied.keys, now)
 
     def tick(self, now: float) -> list[Effect]:
         """Time has reached ``now``: apply writes whose unapproved holders have expired,
         release writes held by the restart window, and sweep dead leases."""
         effects: list[Effect] = []
         for write in self._waiting_writes():
+            self._wait_out(write, now)
             effects += self._try_apply(write, now)
         self._purge(now)
         self.policy.forget_before(now)
@@ -488,33 +486,45 @@ class LeaseTable:
                     if write.op not in self._applying:
                         self._started[key] = write
 
-    def _advance(self, key: str, now: float) -> list[Effect]:
-        """Serve the head of ``key``'s queue: grant leading reads, start the next write."""
-        queue = self._queues.get(key)
+    def _advance(self, keys: Iterable[str], now: float) -> list[Effect]:
+        """Serve the head of each key's queue: grant leading reads, start the next
+        write there; then apply each write so started that may now go."""
         effects: list[Effect] = []
-        while queue and not queue[0].is_write:
-            head = queue.popleft()
-            effects.append(Grant(head.op, head.holder, key, self._lease(head.holder, key, now)))
-        if not queue:
-            self._queues.pop(key, None)
-            return effects
-        head = queue[0]
-        if key in head.started:
-            return effects
-        head.started.add(key)
-        self._started[key] = head
-        for holder, expiry in self.holders(key, now).items():
-            if holder != head.holder:
-                head.waiting_on[(key, holder)] = expiry + self.skew
-                effects.append(SendApprovalRequest(holder, key, head.op))
-                self.approvals_sent += 1
-        return effects + self._try_apply(head, now)
+        started: dict[_Op, None] = {}
+        for key in keys:
+            queue = self._queues.get(key)
+            while queue and not queue[0].is_write:
+                head = queue.popleft()
+                term = self._lease(head.holder, key, now)
+                effects.append(Grant(head.op, head.holder, key, term))
+            if not queue:
+                self._queues.pop(key, None)
+                continue
+            head = queue[0]
+            if key in head.started:
+                continue
+            head.started.add(key)
+            self._started[key] = head
+            started[head] = None
+            for holder, expiry in self.holders(key, now).items():
+                if holder != head.holder:
+                    head.waiting_on[(key, holder)] = expiry + self.skew
+                    effects.append(SendApprovalRequest(holder, key, head.op))
+                    self.approvals_sent += 1
+        for write in started:
+            if len(write.started) == len(write.keys):  # heads every queue: drop whom
+                self._wait_out(write, now)  # it asked on the way and who are dead now
+            effects += self._try_apply(write, now)
+        return effects
 
-    def _try_apply(self, write: _Op, now: float) -> list[Effect]:
+    def _wait_out(self, write: _Op, now: float) -> None:
+        """End the leases ``write`` waits on whose holders are past expiry + skew."""
         for (key, holder), dead_by in list(write.waiting_on.items()):
-            if now >= dead_by:  # waited out
+            if now >= dead_by:
                 del write.waiting_on[(key, holder)]
                 self._end_lease(key, holder)
+
+    def _try_apply(self, write: _Op, now: float) -> list[Effect]:
         if len(write.started) < len(write.keys) or write.waiting_on:
             return []
         if now < self.hold_writes_until:

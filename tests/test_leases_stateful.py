@@ -466,8 +466,9 @@ class LeaseTableMachine(RuleBasedStateMachine):
                 write.footprint.keys[0],
             )
             self.tree = after
-            for key in write.footprint.keys:  # what the client wrote, it holds anew
-                self.copies.pop((write.holder, key), None)
+            for holder, key in list(self.copies):  # the writer drops all it changed and
+                if holder == write.holder and write.touches(key):  # holds what it wrote anew
+                    del self.copies[(holder, key)]
             self.take_copy(write.holder, committed.path, committed.term)
         assert not any(isinstance(e, WriteCommitted) for e in effects)
         self.absorb(effects)
