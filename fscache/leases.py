@@ -59,9 +59,11 @@ delegations):
   queued) for the two prefixes and joins their queues; until it is applied, an
   operation on any other key below them first puts the rename at the head of
   that key's queue, so it is ordered after the rename. The scan is linear in the
-  live keys (about 10 ms for 100,000 of them); a sorted index would make it
-  logarithmic but cost an insertion on every grant, the hot path, to speed up a
-  rare operation. A rename of a file scans nothing.
+  live keys (measured: 1 ms for 10,000 live keys, 10 ms for 100,000, plus about
+  5 us per leased key beneath); a sorted index would make it logarithmic but
+  cost an insertion on every grant, the hot path, to speed up a rare operation.
+  A rename of a file scans nothing, and a key's check against the directory
+  renames waiting is skipped when there are none.
 * Facts. The table cannot know what exists; the caller passes what it knows
   (``creates``, ``dst_exists``, ``src_is_dir``), read on arrival. A fact about a
   name stays true until the write is applied if no write is queued on that name

@@ -12,6 +12,7 @@ import math
 
 import pytest
 
+from fscache import names
 from fscache.leases import (
     DEFAULT_SKEW,
     DEFAULT_TERM,
@@ -27,14 +28,6 @@ from fscache.leases import (
     SendApprovalRequest,
     UnknownOp,
     WriteCommitted,
-)
-from fscache.names import (
-    dir_key,
-    keys_for_delete,
-    keys_for_mkdir,
-    keys_for_rename,
-    keys_for_rmdir,
-    keys_for_write,
 )
 
 TERM = 10.0
@@ -637,7 +630,7 @@ def test_a_rename_against_a_silent_holder_of_the_destination_is_applied_at_grant
 ):
     t = table()
     t.read(op(1), A, "d/b", now=2.0)
-    rename = keys_for_rename("d/a", "d/b", src_is_dir=False, dst_exists=True)
+    rename = names.keys_for_rename("d/a", "d/b", src_is_dir=False, dst_exists=True)
 
     assert t.write(op(2), B, rename, now=3.0) == [SendApprovalRequest(A, "d/b", op(2))]
     assert t.next_deadline() == 12.1
@@ -650,7 +643,7 @@ def test_a_rename_asks_the_holders_of_both_names_and_leaves_no_lease_on_either()
     t.read(op(1), A, "d/a", now=0.0)
     t.read(op(2), C, "d/b", now=0.0)
     t.read(op(3), B, "d/a", now=0.0)  # the renaming client's own copy needs no approval
-    rename = keys_for_rename("d/a", "d/b", src_is_dir=False, dst_exists=True)
+    rename = names.keys_for_rename("d/a", "d/b", src_is_dir=False, dst_exists=True)
 
     assert t.write(op(4), B, rename, now=1.0) == [
         SendApprovalRequest(C, "d/b", op(4)),
@@ -683,8 +676,8 @@ def test_two_crossing_renames_queue_in_arrival_order_without_deadlock() -> None:
     t = table()
     t.read(op(1), A, "a", now=0.0)
     t.read(op(2), C, "b", now=0.0)
-    a_to_b = keys_for_rename("a", "b", src_is_dir=False, dst_exists=True)
-    b_to_a = keys_for_rename("b", "a", src_is_dir=False, dst_exists=True)
+    a_to_b = names.keys_for_rename("a", "b", src_is_dir=False, dst_exists=True)
+    b_to_a = names.keys_for_rename("b", "a", src_is_dir=False, dst_exists=True)
 
     assert t.write(op(3), B, a_to_b, now=1.0) == [
         SendApprovalRequest(C, "b", op(3)),
@@ -774,21 +767,21 @@ def test_a_failed_write_over_several_keys_keeps_the_writers_leases_on_all_of_the
 def test_a_listing_leases_the_directorys_name_set_under_its_own_key() -> None:
     t = table()
 
-    assert t.read(op(1), A, dir_key("d"), now=0.0) == TERM
+    assert t.read(op(1), A, names.dir_key("d"), now=0.0) == TERM
     assert t.holders("d/", now=0.0) == {A: 10.0}
     assert t.holders("d", now=0.0) == {}  # a file named d is another key
 
 
 def test_a_create_in_a_directory_is_applied_only_after_the_listing_holders_approve() -> None:
     t = table()
-    t.read(op(1), A, dir_key("d"), now=0.0)
-    t.read(op(2), C, dir_key("d"), now=0.5)
+    t.read(op(1), A, names.dir_key("d"), now=0.0)
+    t.read(op(2), C, names.dir_key("d"), now=0.5)
 
-    assert t.write(op(3), B, keys_for_write("d/new", creates=True), now=1.0) == [
+    assert t.write(op(3), B, names.keys_for_write("d/new", creates=True), now=1.0) == [
         SendApprovalRequest(A, "d/", op(3)),
         SendApprovalRequest(C, "d/", op(3)),
     ]
-    assert t.read(op(4), D, dir_key("d"), now=1.5) is None  # listings wait for it
+    assert t.read(op(4), D, names.dir_key("d"), now=1.5) is None  # listings wait for it
     assert t.approve(A, "d/", op(3), now=2.0) == []
     assert t.approve(C, "d/", op(3), now=2.5) == [ApplyWrite(op(3), B, "d/new")]
     assert t.write_done(op(3), now=3.0, ok=True) == [
@@ -799,9 +792,9 @@ def test_a_create_in_a_directory_is_applied_only_after_the_listing_holders_appro
 
 def test_a_create_against_a_silent_listing_holder_waits_until_grant_term_skew() -> None:
     t = table()
-    t.read(op(1), A, dir_key(""), now=1.0)  # a listing of the root
+    t.read(op(1), A, names.dir_key(""), now=1.0)  # a listing of the root
 
-    assert t.write(op(2), B, keys_for_write("new", creates=True), now=2.0) == [
+    assert t.write(op(2), B, names.keys_for_write("new", creates=True), now=2.0) == [
         SendApprovalRequest(A, "/", op(2))
     ]
     assert t.tick(just_before(11.1)) == []
@@ -810,9 +803,9 @@ def test_a_create_against_a_silent_listing_holder_waits_until_grant_term_skew() 
 
 def test_an_overwrite_a_ranged_write_or_a_truncate_does_not_disturb_a_listing() -> None:
     t = table()
-    t.read(op(1), A, dir_key("d"), now=0.0)
+    t.read(op(1), A, names.dir_key("d"), now=0.0)
 
-    assert t.write(op(2), B, keys_for_write("d/x", creates=False), now=1.0) == [
+    assert t.write(op(2), B, names.keys_for_write("d/x", creates=False), now=1.0) == [
         ApplyWrite(op(2), B, "d/x")
     ]
     assert t.holders("d/", now=1.0) == {A: 10.0}
@@ -821,7 +814,7 @@ def test_an_overwrite_a_ranged_write_or_a_truncate_does_not_disturb_a_listing() 
 def test_a_file_lease_and_a_directory_lease_of_one_name_never_collide() -> None:
     t = table()
     t.read(op(1), A, "d", now=0.0)  # the file d
-    t.read(op(2), C, dir_key("d"), now=0.0)  # the directory d's names
+    t.read(op(2), C, names.dir_key("d"), now=0.0)  # the directory d's names
 
     assert t.write(op(3), B, Footprint(("d",)), now=1.0) == [SendApprovalRequest(A, "d", op(3))]
     assert t.holders("d/", now=1.0) == {C: 10.0}
@@ -830,9 +823,9 @@ def test_a_file_lease_and_a_directory_lease_of_one_name_never_collide() -> None:
 def test_delete_asks_the_holders_of_the_file_and_of_its_directorys_listing() -> None:
     t = table()
     t.read(op(1), A, "d/x", now=0.0)
-    t.read(op(2), C, dir_key("d"), now=0.0)
+    t.read(op(2), C, names.dir_key("d"), now=0.0)
 
-    assert t.write(op(3), B, keys_for_delete("d/x"), now=1.0) == [
+    assert t.write(op(3), B, names.keys_for_delete("d/x"), now=1.0) == [
         SendApprovalRequest(A, "d/x", op(3)),
         SendApprovalRequest(C, "d/", op(3)),
     ]
@@ -840,9 +833,9 @@ def test_delete_asks_the_holders_of_the_file_and_of_its_directorys_listing() -> 
 
 def test_mkdir_is_a_write_on_the_parents_listing_and_leaves_the_writer_the_new_one() -> None:
     t = table()
-    t.read(op(1), A, dir_key("d"), now=0.0)
+    t.read(op(1), A, names.dir_key("d"), now=0.0)
 
-    assert t.write(op(2), B, keys_for_mkdir("d/s"), now=1.0) == [
+    assert t.write(op(2), B, names.keys_for_mkdir("d/s"), now=1.0) == [
         SendApprovalRequest(A, "d/", op(2))
     ]
     assert t.tick(10.1) == [ApplyWrite(op(2), B, "d/s/")]
@@ -852,10 +845,10 @@ def test_mkdir_is_a_write_on_the_parents_listing_and_leaves_the_writer_the_new_o
 
 def test_rmdir_is_a_write_on_the_directorys_own_listing_and_its_parents() -> None:
     t = table()
-    t.read(op(1), A, dir_key("d/s"), now=0.0)
-    t.read(op(2), C, dir_key("d"), now=1.0)
+    t.read(op(1), A, names.dir_key("d/s"), now=0.0)
+    t.read(op(2), C, names.dir_key("d"), now=1.0)
 
-    assert t.write(op(3), B, keys_for_rmdir("d/s"), now=2.0) == [
+    assert t.write(op(3), B, names.keys_for_rmdir("d/s"), now=2.0) == [
         SendApprovalRequest(A, "d/s/", op(3)),
         SendApprovalRequest(C, "d/", op(3)),
     ]
@@ -866,15 +859,15 @@ def test_rmdir_is_a_write_on_the_directorys_own_listing_and_its_parents() -> Non
 
 def test_a_rename_across_directories_asks_both_listings_inside_one_only_that_one() -> None:
     t = table()
-    t.read(op(1), A, dir_key("d"), now=0.0)
-    t.read(op(2), C, dir_key("e"), now=0.0)
-    inside = keys_for_rename("d/a", "d/b", src_is_dir=False, dst_exists=False)
-    across = keys_for_rename("d/b", "e/b", src_is_dir=False, dst_exists=False)
+    t.read(op(1), A, names.dir_key("d"), now=0.0)
+    t.read(op(2), C, names.dir_key("e"), now=0.0)
+    inside = names.keys_for_rename("d/a", "d/b", src_is_dir=False, dst_exists=False)
+    across = names.keys_for_rename("d/b", "e/b", src_is_dir=False, dst_exists=False)
 
     assert t.write(op(3), B, inside, now=1.0) == [SendApprovalRequest(A, "d/", op(3))]
     t.approve(A, "d/", op(3), now=1.5)
     t.write_done(op(3), now=2.0, ok=True)
-    t.read(op(4), A, dir_key("d"), now=3.0)
+    t.read(op(4), A, names.dir_key("d"), now=3.0)
     assert t.write(op(5), B, across, now=4.0) == [
         SendApprovalRequest(A, "d/", op(5)),
         SendApprovalRequest(C, "e/", op(5)),
@@ -886,9 +879,9 @@ def test_a_directory_rename_ends_every_lease_on_names_beneath_it() -> None:
     t = table()
     t.read(op(1), A, "d/x", now=0.0)
     t.read(op(2), A, "d/s/y", now=0.0)
-    t.read(op(3), C, dir_key("d/s"), now=0.0)
+    t.read(op(3), C, names.dir_key("d/s"), now=0.0)
     t.read(op(4), C, "dx", now=1.0)  # a sibling whose name starts alike: not beneath d
-    rename = keys_for_rename("d", "e", src_is_dir=True, dst_exists=False)
+    rename = names.keys_for_rename("d", "e", src_is_dir=True, dst_exists=False)
 
     assert t.write(op(5), B, rename, now=1.0) == [
         SendApprovalRequest(A, "d/x", op(5)),
@@ -906,11 +899,11 @@ def test_a_directory_rename_ends_every_lease_on_names_beneath_it() -> None:
 def test_operations_beneath_a_waiting_directory_rename_queue_behind_it() -> None:
     t = table()
     t.read(op(1), A, "d/x", now=0.0)
-    t.write(op(2), B, keys_for_rename("d", "e", src_is_dir=True, dst_exists=False), now=1.0)
+    t.write(op(2), B, names.keys_for_rename("d", "e", src_is_dir=True, dst_exists=False), now=1.0)
 
     assert t.read(op(3), C, "d/new", now=2.0) is None  # no lease or queue when it arrived
     assert t.read(op(4), C, "e/x", now=2.5) is None  # beneath the destination too
-    assert t.write(op(5), D, keys_for_write("d/s/z", creates=True), now=3.0) == []
+    assert t.write(op(5), D, names.keys_for_write("d/s/z", creates=True), now=3.0) == []
     assert t.extend(A, [("d/y", True)], now=3.5) == [None]
     assert t.is_blocked("d/anything") and not t.is_blocked("dx")
     assert t.tick(10.1) == [ApplyWrite(op(2), B, "e/")]
@@ -925,7 +918,7 @@ def test_operations_beneath_a_waiting_directory_rename_queue_behind_it() -> None
 def test_a_directory_rename_waits_for_a_write_beneath_it_that_arrived_first() -> None:
     t = table()
     assert t.write(op(1), A, only("d/x"), now=0.0) == [ApplyWrite(op(1), A, "d/x")]
-    rename = keys_for_rename("d", "e", src_is_dir=True, dst_exists=False)
+    rename = names.keys_for_rename("d", "e", src_is_dir=True, dst_exists=False)
 
     assert t.write(op(2), B, rename, now=1.0) == []
     # the first writer's new lease is on a name the rename ends: it is asked
@@ -939,8 +932,8 @@ def test_a_directory_rename_waits_for_a_write_beneath_it_that_arrived_first() ->
 def test_a_second_directory_rename_beneath_the_first_is_ordered_after_it_on_every_key() -> None:
     t = table()
     t.read(op(1), A, "d/s/x", now=0.0)
-    t.write(op(2), B, keys_for_rename("d", "e", src_is_dir=True, dst_exists=False), now=1.0)
-    t.write(op(3), C, keys_for_rename("d/s", "f", src_is_dir=True, dst_exists=False), now=2.0)
+    t.write(op(2), B, names.keys_for_rename("d", "e", src_is_dir=True, dst_exists=False), now=1.0)
+    t.write(op(3), C, names.keys_for_rename("d/s", "f", src_is_dir=True, dst_exists=False), now=2.0)
     assert t.read(op(4), D, "d/s/new", now=3.0) is None  # joins both, in arrival order
 
     assert t.approve(A, "d/s/x", op(2), now=4.0) == [ApplyWrite(op(2), B, "e/")]
@@ -958,7 +951,7 @@ def test_ranged_reads_are_reads_of_the_files_key_under_one_lease() -> None:
     assert t.read(op(2), A, "big", now=1.0) == TERM  # bytes 4096..8191: renews the one lease
 
     assert t.holders("big", now=1.0) == {A: 11.0}
-    assert t.write(op(3), B, keys_for_write("big", creates=False), now=2.0) == [
+    assert t.write(op(3), B, names.keys_for_write("big", creates=False), now=2.0) == [
         SendApprovalRequest(A, "big", op(3))
     ]
     assert t.tick(11.1) == [ApplyWrite(op(3), B, "big")]
@@ -966,9 +959,9 @@ def test_ranged_reads_are_reads_of_the_files_key_under_one_lease() -> None:
 
 def test_a_truncate_that_creates_its_file_asks_the_listing_holders() -> None:
     t = table()
-    t.read(op(1), A, dir_key("d"), now=0.0)
+    t.read(op(1), A, names.dir_key("d"), now=0.0)
 
-    assert t.write(op(2), B, keys_for_write("d/empty", creates=True), now=1.0) == [
+    assert t.write(op(2), B, names.keys_for_write("d/empty", creates=True), now=1.0) == [
         SendApprovalRequest(A, "d/", op(2))
     ]
 

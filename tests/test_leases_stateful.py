@@ -51,6 +51,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from fscache import names
 from fscache.leases import (
     PURGE_GRANULARITY,
     AdaptiveTermPolicy,
@@ -65,21 +66,12 @@ from fscache.leases import (
     SendApprovalRequest,
     WriteCommitted,
 )
-from fscache.names import (
-    dir_key,
-    keys_for_delete,
-    keys_for_mkdir,
-    keys_for_rename,
-    keys_for_rmdir,
-    keys_for_write,
-    parent,
-)
 
 HOLDERS = [HolderId("a"), HolderId("b"), HolderId("c")]
 FILES = ["x", "d/x", "e/x", "d/s/x", "e/s/x"]
 DIRS = ["d", "e", "d/s", "e/s"]
 DIR_RENAMES = [("d", "e"), ("e", "d"), ("d/s", "e/s"), ("e/s", "d/s")]
-KEYS = [*FILES, dir_key(""), *(dir_key(d) for d in DIRS)]
+KEYS = [*FILES, names.dir_key(""), *(names.dir_key(d) for d in DIRS)]
 TIME_STEPS = [0.0, 0.05, 0.1, 0.5, 1.0, 3.0, 9.9, 10.0, 10.1, 20.0]
 
 Value = object  # a file's contents (an int), a directory's names (a frozenset), or None
@@ -99,7 +91,7 @@ class Tree:
         path = key[:-1]
         if not self.is_dir(path):
             return None
-        return frozenset(n for n in [*self.files, *self.dirs] if parent(n) == path)
+        return frozenset(n for n in [*self.files, *self.dirs] if names.parent(n) == path)
 
     def values(self) -> dict[str, Value]:
         return {key: self.value(key) for key in KEYS}
@@ -132,7 +124,7 @@ def changed(tree: Tree, change: tuple[str, ...], contents: int) -> Tree | None:
     files, dirs = dict(tree.files), set(tree.dirs)
     kind, path, *rest = change
     if kind == "write":
-        if not tree.is_dir(parent(path)):
+        if not tree.is_dir(names.parent(path)):
             return None
         files[path] = contents
     elif kind == "delete":
@@ -140,22 +132,22 @@ def changed(tree: Tree, change: tuple[str, ...], contents: int) -> Tree | None:
             return None
         del files[path]
     elif kind == "mkdir":
-        if path in dirs or not tree.is_dir(parent(path)):
+        if path in dirs or not tree.is_dir(names.parent(path)):
             return None
         dirs.add(path)
     elif kind == "rmdir":
-        if path not in dirs or tree.value(dir_key(path)):
+        if path not in dirs or tree.value(names.dir_key(path)):
             return None
         dirs.remove(path)
     elif kind == "rename_file":
         (dst,) = rest
-        if path not in files or not tree.is_dir(parent(dst)):
+        if path not in files or not tree.is_dir(names.parent(dst)):
             return None
         files[dst] = files.pop(path)
     else:
         assert kind == "rename_dir"
         (dst,) = rest
-        if path not in dirs or not tree.is_dir(parent(dst)) or tree.value(dir_key(dst)):
+        if path not in dirs or not tree.is_dir(names.parent(dst)) or tree.value(names.dir_key(dst)):
             return None
         dirs.discard(dst)
 
@@ -313,36 +305,36 @@ class LeaseTableMachine(RuleBasedStateMachine):
     def write(self, data: st.DataObject, path: str) -> None:
         """A whole, ranged or truncating write; it creates the file if it is missing."""
         creates = path not in self.tree.files or not self.settled(path)
-        self.submit(data, keys_for_write(path, creates=creates), ("write", path))
+        self.submit(data, names.keys_for_write(path, creates=creates), ("write", path))
 
     @precondition(lambda self: self.connected)
     @rule(data=st.data(), path=st.sampled_from(FILES))
     def delete(self, data: st.DataObject, path: str) -> None:
-        self.submit(data, keys_for_delete(path), ("delete", path))
+        self.submit(data, names.keys_for_delete(path), ("delete", path))
 
     @precondition(lambda self: self.connected)
     @rule(data=st.data(), path=st.sampled_from(DIRS))
     def mkdir(self, data: st.DataObject, path: str) -> None:
-        self.submit(data, keys_for_mkdir(path), ("mkdir", path))
+        self.submit(data, names.keys_for_mkdir(path), ("mkdir", path))
 
     @precondition(lambda self: self.connected)
     @rule(data=st.data(), path=st.sampled_from(DIRS))
     def rmdir(self, data: st.DataObject, path: str) -> None:
-        self.submit(data, keys_for_rmdir(path), ("rmdir", path))
+        self.submit(data, names.keys_for_rmdir(path), ("rmdir", path))
 
     @precondition(lambda self: self.connected)
     @rule(data=st.data(), src=st.sampled_from(FILES), dst=st.sampled_from(FILES))
     def rename_file(self, data: st.DataObject, src: str, dst: str) -> None:
         dst_exists = dst in self.tree.files and self.settled(dst)
-        footprint = keys_for_rename(src, dst, src_is_dir=False, dst_exists=dst_exists)
+        footprint = names.keys_for_rename(src, dst, src_is_dir=False, dst_exists=dst_exists)
         self.submit(data, footprint, ("rename_file", src, dst))
 
     @precondition(lambda self: self.connected)
-    @rule(data=st.data(), names=st.sampled_from(DIR_RENAMES))
-    def rename_dir(self, data: st.DataObject, names: tuple[str, str]) -> None:
-        src, dst = names
-        dst_exists = dst in self.tree.dirs and self.settled(dir_key(dst))
-        footprint = keys_for_rename(src, dst, src_is_dir=True, dst_exists=dst_exists)
+    @rule(data=st.data(), pair=st.sampled_from(DIR_RENAMES))
+    def rename_dir(self, data: st.DataObject, pair: tuple[str, str]) -> None:
+        src, dst = pair
+        dst_exists = dst in self.tree.dirs and self.settled(names.dir_key(dst))
+        footprint = names.keys_for_rename(src, dst, src_is_dir=True, dst_exists=dst_exists)
         self.submit(data, footprint, ("rename_dir", src, dst))
 
     # ------------------------------------------------------------ rules: approvals
