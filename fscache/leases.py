@@ -50,7 +50,8 @@ delegations):
   first. Overwriting an existing file, a ranged write or a truncate change no
   name set: they are writes on the file's key alone. mkdir and rmdir are writes
   on the directory's own key and its parent's.
-* A rename is a write on both names, so renaming over an existing file replaces
+* A rename is a write on both names (as files and as directories: a name may
+  change kind while the rename waits), so renaming over an existing file replaces
   it in one step and afterwards no lease on either name's old value is left.
   Within one directory it is a write on one directory key; across directories on
   two (on one if the destination exists: that name set keeps its names).
@@ -286,7 +287,7 @@ class LeaseTable:
         """When :meth:`tick` next has something to do, or None."""
         heap = self._purge_heap
         deadline = heap[0][0] + PURGE_GRANULARITY if heap else None
-        for write in self._waiting_writes():  # usually none: this runs after every event
+        for write in self._waiting_writes() if self._started else ():  # runs after every event
             if len(write.started) < len(write.keys):
                 continue  # behind an earlier write on some key: its write_done moves it
             due = min(write.waiting_on.values()) if write.waiting_on else self.hold_writes_until

@@ -29,6 +29,7 @@ from fscache.leases import (
     UnknownOp,
     WriteCommitted,
 )
+from fscache.settings import BadSetting
 
 TERM = 10.0
 SKEW = 0.1
@@ -614,13 +615,14 @@ def test_write_shared_rule_is_off_when_hot_writes_is_0() -> None:
     ],
 )
 def test_term_policy_refuses_nonsense_settings(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError):
+    (name,) = kwargs
+    with pytest.raises(BadSetting, match={"default": "term"}.get(name, name)):
         AdaptiveTermPolicy(**kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("skew", [-0.1, math.nan])
 def test_lease_table_refuses_a_negative_skew(skew: float) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(BadSetting, match="skew"):
         LeaseTable(AdaptiveTermPolicy(), skew=skew)
 
 
