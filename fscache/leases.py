@@ -185,6 +185,10 @@ class Footprint:
     keys: tuple[str, ...]
     subtrees: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise ValueError("a write's footprint names at least the key it writes")
+
 
 # ---------------------------------------------------------------- effects
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -436,7 +440,7 @@ class LeaseTable:
 
     # ------------------------------------------------------------ internals
     def _waiting_writes(self) -> list[_Op]:
-        """The started writes not yet applying, each once, oldest first."""
+        """The started writes not yet applying, each once."""
         return list(dict.fromkeys(self._started.values()))
 
     def _lease(self, holder: HolderId, key: str, now: float) -> float:

@@ -72,3 +72,8 @@ def test_a_directory_rename_names_both_subtrees_and_leads_with_the_directory_key
     footprint = keys_for_rename("d", "e", src_is_dir=True, dst_exists=False)
 
     assert footprint == Footprint(("e/", "e", "d/", "d", "/"), subtrees=("d/", "e/"))
+
+
+def test_a_footprint_names_at_least_one_key() -> None:
+    with pytest.raises(ValueError):
+        Footprint(())
