@@ -8,23 +8,70 @@ every call takes ``now`` (server-monotonic seconds) and returns the effects the
 caller must carry out, in order. The caller (``fscache.server``) does the I/O and
 calls :meth:`LeaseTable.tick` at :meth:`LeaseTable.next_deadline`.
 
-Rules (Gray & Cheriton, SOSP 1989, and DESIGN.md section 2):
+A lease is on a *key*. A file's key is its normal path and stands for its
+contents; a directory's key is its path and a ``/`` (``docs/``, the root's is
+``/``) and stands for its name set, what a listing returns. No normal path ends
+in ``/``, so a file lease and a directory lease never collide, and every key
+below directory ``d`` starts with ``d/``. :mod:`fscache.names` says which keys
+each operation touches; the table knows nothing of paths beyond that prefix.
 
-* A read of ``path`` grants the reader a lease of ``policy.term(path)`` seconds,
+Rules (Gray & Cheriton, SOSP 1989; directory leases as NFSv4.1's directory
+delegations):
+
+* A read of a key grants the reader a lease of ``policy.term(key)`` seconds,
   recorded as ``expiry = now + term``. The server counts it live until
   ``expiry + skew``. A term of 0 records nothing: the reader may not cache.
-* Operations on one path form a FIFO queue. Reads at the head are granted at
-  once; a write at the head *starts*: every other live holder is sent an
-  approval request, and the write is applied once each has approved
-  (or relinquished) or ``now >= expiry + skew`` for each that has not. A holder
-  whose connection is gone is never presumed dead; it is waited out.
-* While a write is queued on a path, no lease on it is granted: reads queue
-  behind the write and are granted after it is applied, in arrival order
-  (no writer starvation). Writes to one path are applied in arrival order;
-  different paths never wait for each other.
-* When a write is applied every lease on the path ends (each holder approved
-  or expired); the writer gets a lease on the new contents. If applying it
-  failed, the writer keeps its lease: its copy of the old contents is current.
+  A listing of ``d`` is a read of ``d/``. A ranged read is a read of the file's
+  key: the table never sees offsets, every chunk is cached under one lease.
+* A write names a :class:`Footprint`: the keys whose values it may change and,
+  for a directory rename, the subtrees below which every key may change. It joins
+  the FIFO queue of each of its keys at once, on arrival. When it reaches the head
+  of a key's queue, every other live holder of that key is sent an approval
+  request. It is applied once it is at the head of every queue, each holder asked
+  has approved (or relinquished) or ``now >= expiry + skew``, and the restart
+  window is over. A holder whose connection is gone is never presumed dead; it
+  is waited out.
+* Arrival order is the order on every key: two writes that share keys are queued
+  on each shared key in the order they arrived. So the oldest write not yet
+  applied is at the head of all its queues and is only waiting for holders or
+  time: writes over several keys (two crossing renames ``a -> b`` and
+  ``b -> a``) cannot deadlock. Writes with no key in common never wait for each
+  other.
+* While a write is queued on a key, no lease on it is granted or extended:
+  reads queue behind the write and are granted after it is applied, in arrival
+  order (no writer starvation).
+* When a write is applied every lease on its keys ends (each holder approved or
+  expired); the writer gets a lease on its first key, the name it wrote (a
+  caller with nothing to cache, as after a delete, relinquishes it). If applying
+  it failed, the writer keeps its leases: its copies of the old values are current.
+* Names. An operation that creates or removes a name in ``d`` (a write that
+  creates a file, delete, mkdir, rmdir, a rename into or out of ``d``) is also
+  a write on ``d/``: the holders of ``d``'s listing approve or are waited out
+  first. Overwriting an existing file, a ranged write or a truncate change no
+  name set: they are writes on the file's key alone. mkdir and rmdir are writes
+  on the directory's own key and its parent's.
+* A rename is a write on both names (as files and as directories: a name may
+  change kind while the rename waits), so renaming over an existing file replaces
+  it in one step and afterwards no lease on either name's old value is left.
+  Within one directory it is a write on one directory key; across directories on
+  two (on one if the destination exists: that name set keeps its names).
+* Renaming a directory ends every lease below either of its names: its footprint
+  names both as subtrees. On arrival the table scans its live keys (leased or
+  queued) for the two prefixes and joins their queues; until it is applied, an
+  operation on any other key below them first puts the rename at the head of
+  that key's queue, so it is ordered after the rename. The scan is linear in the
+  live keys (measured: 1 ms for 10,000 live keys, 10 ms for 100,000, plus about
+  5 us per leased key beneath); a sorted index would make it logarithmic but
+  cost an insertion on every grant, the hot path, to speed up a rare operation.
+  A rename of a file scans nothing, and a key's check against the directory
+  renames waiting is skipped when there are none.
+* Facts. The table cannot know what exists; the caller passes what it knows
+  (``creates``, ``dst_exists``, ``src_is_dir``), read on arrival. A fact about a
+  name stays true until the write is applied if no write is queued on that name
+  (:meth:`LeaseTable.is_blocked` is false): anything that could change it would
+  be such a write, queued before. Otherwise the caller passes the cautious value
+  (``creates=True``, ``dst_exists=False``, ``src_is_dir=True``): an extra key
+  only costs waiting.
 * Restart window: a new incarnation may hold writes back until
   ``hold_writes_until`` (``start + max_term + skew``), because leases granted by
   the previous incarnation may still be live. Reads are granted at once.
@@ -40,11 +87,30 @@ from collections import deque
 from collections.abc import Iterable
 from typing import NewType, Protocol
 
+from fscache.settings import DEFAULT_SKEW, DEFAULT_TERM, BadSetting, check_duration
+
+__all__ = [
+    "DEFAULT_SKEW",
+    "DEFAULT_TERM",
+    "PURGE_GRANULARITY",
+    "AdaptiveTermPolicy",
+    "ApplyWrite",
+    "Discarded",
+    "Effect",
+    "Footprint",
+    "Grant",
+    "HolderId",
+    "LeaseTable",
+    "OpId",
+    "SendApprovalRequest",
+    "TermPolicy",
+    "UnknownOp",
+    "WriteCommitted",
+]
+
 HolderId = NewType("HolderId", str)
 OpId = NewType("OpId", int)
 
-DEFAULT_TERM = 10.0  # the knee of the paper's curve (its section 3)
-DEFAULT_SKEW = 0.1
 PURGE_GRANULARITY = 1.0  # expired leases are swept at most this late; they are dead already
 
 
@@ -75,10 +141,10 @@ class AdaptiveTermPolicy:
     _recent: dict[str, deque[float]] = dataclasses.field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if not self.default >= 0 or self.default == float("inf"):
-            raise ValueError(f"term must be a finite number >= 0, not {self.default!r}")
-        if self.hot_writes < 0 or not self.window >= 0:
-            raise ValueError("hot_writes and window must be >= 0")
+        self.default = check_duration("term", self.default)
+        self.window = check_duration("window", self.window)
+        if self.hot_writes < 0:
+            raise BadSetting(f"hot_writes must be >= 0, not {self.hot_writes!r}")
 
     @property
     def max_term(self) -> float:
@@ -110,10 +176,25 @@ class AdaptiveTermPolicy:
             del self._recent[path]
 
 
+# ---------------------------------------------------------------- what a write touches
+@dataclasses.dataclass(frozen=True, slots=True)
+class Footprint:
+    """The keys a write may change, the first being the name it writes, and the
+    subtrees (key prefixes such as ``docs/``) below which every key may change."""
+
+    keys: tuple[str, ...]
+    subtrees: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise ValueError("a write's footprint names at least the key it writes")
+
+
 # ---------------------------------------------------------------- effects
 @dataclasses.dataclass(frozen=True, slots=True)
 class Grant:
-    """Serve read ``op`` now, with a lease of ``term`` seconds (0: do not cache)."""
+    """Serve queued read ``op`` now, with a lease of ``term`` seconds on key ``path``
+    (0: do not cache)."""
 
     op: OpId
     holder: HolderId
@@ -123,7 +204,7 @@ class Grant:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SendApprovalRequest:
-    """Ask ``holder`` to drop ``path`` and approve write ``write``."""
+    """Ask ``holder`` to drop key ``path`` and approve write ``write``."""
 
     holder: HolderId
     path: str
@@ -132,8 +213,8 @@ class SendApprovalRequest:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ApplyWrite:
-    """Every holder has approved or expired: make write ``op`` durable, then call
-    :meth:`LeaseTable.write_done`."""
+    """Every holder of every key of write ``op`` has approved or expired: make it
+    durable, then call :meth:`LeaseTable.write_done`. ``path`` is its first key."""
 
     op: OpId
     holder: HolderId
@@ -142,7 +223,7 @@ class ApplyWrite:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WriteCommitted:
-    """Write ``op`` is applied; the writer holds a lease of ``term`` on the new contents."""
+    """Write ``op`` is applied; the writer holds a lease of ``term`` on its first key."""
 
     op: OpId
     holder: HolderId
@@ -161,15 +242,21 @@ Effect = Grant | SendApprovalRequest | ApplyWrite | WriteCommitted | Discarded
 
 
 # ---------------------------------------------------------------- queued operations
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, eq=False)
 class _Op:
     op: OpId
     holder: HolderId
-    path: str
+    keys: dict[str, None]  # in order, the first is the name written; grows by joins
     is_write: bool
-    arrived: float
-    started: bool = False  # write: approval requests sent
-    waiting_on: dict[HolderId, float] = dataclasses.field(default_factory=dict)  # holder: dead-by
+    subtrees: tuple[str, ...] = ()
+    started: set[str] = dataclasses.field(default_factory=set)  # keys asked to approve
+    waiting_on: dict[tuple[str, HolderId], float] = dataclasses.field(
+        default_factory=dict
+    )  # (key, holder): dead-by
+
+    @property
+    def first_key(self) -> str:
+        return next(iter(self.keys))
 
 
 class UnknownOp(Exception):
@@ -184,17 +271,16 @@ class LeaseTable:
         skew: float = DEFAULT_SKEW,
         hold_writes_until: float | None = None,
     ) -> None:
-        if not skew >= 0:
-            raise ValueError(f"skew must be >= 0, not {skew!r}")
         self.policy = policy
-        self.skew = skew
+        self.skew = check_duration("skew", skew)
         self.hold_writes_until = hold_writes_until if hold_writes_until is not None else -1.0
-        self._leases: dict[str, dict[HolderId, float]] = {}  # path: holder: expiry
-        self._held: dict[HolderId, set[str]] = {}  # holder: paths it has leases on
-        self._queues: dict[str, deque[_Op]] = {}  # only paths with a queued write
-        self._started: dict[str, _Op] = {}  # path: its started, not yet applying write
-        self._applying: dict[OpId, str] = {}  # write handed out as ApplyWrite: its path
-        self._purge_heap: list[tuple[float, str, HolderId]] = []  # (dead-by, path, holder)
+        self._leases: dict[str, dict[HolderId, float]] = {}  # key: holder: expiry
+        self._held: dict[HolderId, set[str]] = {}  # holder: keys it has leases on
+        self._queues: dict[str, deque[_Op]] = {}  # only keys with a queued write
+        self._started: dict[str, _Op] = {}  # key: the write asking its holders to approve
+        self._applying: dict[OpId, _Op] = {}  # writes handed out as ApplyWrite
+        self._subtree_writes: list[_Op] = []  # queued directory renames, in arrival order
+        self._purge_heap: list[tuple[float, str, HolderId]] = []  # (dead-by, key, holder)
         # counters the server reports
         self.leases_granted = 0
         self.approvals_sent = 0
@@ -205,15 +291,17 @@ class LeaseTable:
         """When :meth:`tick` next has something to do, or None."""
         heap = self._purge_heap
         deadline = heap[0][0] + PURGE_GRANULARITY if heap else None
-        for op in self._started.values():  # usually none: this runs after every event
-            due = min(op.waiting_on.values()) if op.waiting_on else self.hold_writes_until
+        for write in self._waiting_writes() if self._started else ():  # runs after every event
+            if len(write.started) < len(write.keys):
+                continue  # behind an earlier write on some key: its write_done moves it
+            due = min(write.waiting_on.values()) if write.waiting_on else self.hold_writes_until
             if deadline is None or due < deadline:
                 deadline = due
         return deadline
 
-    def holders(self, path: str, now: float) -> dict[HolderId, float]:
-        """Live holders of ``path`` and their expiry (server clock)."""
-        return {h: exp for h, exp in self._leases.get(path, {}).items() if now < exp + self.skew}
+    def holders(self, key: str, now: float) -> dict[HolderId, float]:
+        """Live holders of ``key`` and their expiry (server clock)."""
+        return {h: exp for h, exp in self._leases.get(key, {}).items() if now < exp + self.skew}
 
     def live_leases(self, now: float) -> int:
         return sum(
@@ -221,75 +309,88 @@ class LeaseTable:
         )
 
     def pending_writes(self) -> int:
-        return sum(1 for q in self._queues.values() for op in q if op.is_write)
+        return len({id(op) for q in self._queues.values() for op in q if op.is_write})
 
-    def is_blocked(self, path: str) -> bool:
-        """A write is queued on ``path``: reads of it wait."""
-        return path in self._queues
+    def is_blocked(self, key: str) -> bool:
+        """A write is queued on ``key`` or on a subtree above it: reads of it wait,
+        and facts about it may change before a write arriving now is applied."""
+        return key in self._queues or self._subtree_write_above(key) is not None
 
     # ------------------------------------------------------------ events
-    def read(self, op: OpId, holder: HolderId, path: str, now: float) -> list[Effect]:
-        """A read (or a not-modified revalidation) of ``path`` by ``holder``."""
-        term = self.read_at_once(op, holder, path, now)
-        return [] if term is None else [Grant(op, holder, path, term)]
-
-    def read_at_once(self, op: OpId, holder: HolderId, path: str, now: float) -> float | None:
-        """:meth:`read` without building its effect, for the server's hot path: the
-        term of the lease if the read is granted now (what ``[Grant(...)]`` says), or
-        None if it is queued behind a write (a :class:`Grant` effect comes later)."""
-        queue = self._queues.get(path)
+    def read(self, op: OpId, holder: HolderId, key: str, now: float) -> float | None:
+        """A read (a listing, a ranged read, a not-modified revalidation) of ``key``.
+        Returns the term of the lease if it is granted now, or None if it is queued
+        behind a write: then a :class:`Grant` effect serves it later. (No effect is
+        built for the common case: the server's read path stays allocation-free.)"""
+        if self._subtree_writes:
+            self._join_subtree_writes(key)
+        queue = self._queues.get(key)
         if queue is not None:
-            queue.append(_Op(op, holder, path, is_write=False, arrived=now))
+            queue.append(_Op(op, holder, {key: None}, is_write=False))
             return None
-        return self._lease(holder, path, now)
+        return self._lease(holder, key, now)
 
     def extend(
-        self, holder: HolderId, paths: Iterable[tuple[str, bool]], now: float
+        self, holder: HolderId, keys: Iterable[tuple[str, bool]], now: float
     ) -> list[float | None]:
-        """Batched extension. For each ``(path, is_current)``: the new term, or None for
-        stale (the cached version is old, or a write is waiting on the path)."""
+        """Batched extension. For each ``(key, is_current)``: the new term, or None for
+        stale (the cached version is old, or a write is waiting on the key)."""
         terms: list[float | None] = []
-        for path, is_current in paths:
-            if not is_current or path in self._queues:
+        for key, is_current in keys:
+            if not is_current or self.is_blocked(key):
                 terms.append(None)
                 continue
-            terms.append(self._lease(holder, path, now))
+            terms.append(self._lease(holder, key, now))
         return terms
 
-    def write(self, op: OpId, holder: HolderId, path: str, now: float) -> list[Effect]:
-        """A write (or delete) of ``path`` by ``holder`` arrives."""
-        queue = self._queues.setdefault(path, deque())
-        queue.append(_Op(op, holder, path, is_write=True, arrived=now))
-        effects = self._advance(path, now)
+    def write(self, op: OpId, holder: HolderId, footprint: Footprint, now: float) -> list[Effect]:
+        """A write of ``footprint`` by ``holder`` arrives (see :mod:`fscache.names`)."""
+        keys = dict.fromkeys(footprint.keys)
+        if footprint.subtrees:
+            for key in [*self._leases, *self._queues]:
+                if key.startswith(footprint.subtrees):
+                    keys[key] = None
+        write = _Op(op, holder, {}, is_write=True, subtrees=footprint.subtrees)
+        effects: list[Effect] = []
+        for key in keys:
+            if self._subtree_writes:
+                self._join_subtree_writes(key)
+            write.keys[key] = None
+            self._queues.setdefault(key, deque()).append(write)
+        if footprint.subtrees:
+            self._subtree_writes.append(write)
+        effects += self._advance(keys, now)
         if not any(isinstance(e, ApplyWrite) and e.op == op for e in effects):
             self.writes_delayed += 1
         return effects
 
-    def approve(self, holder: HolderId, path: str, write: OpId, now: float) -> list[Effect]:
-        """``holder`` dropped ``path`` for write ``write``. Stale approvals are ignored."""
-        started = self._started.get(path)
-        if started is None or started.op != write or holder not in started.waiting_on:
+    def approve(self, holder: HolderId, key: str, write: OpId, now: float) -> list[Effect]:
+        """``holder`` dropped ``key`` for write ``write``. Stale approvals are ignored."""
+        started = self._started.get(key)
+        if started is None or started.op != write or (key, holder) not in started.waiting_on:
             return []
-        self._end_lease(path, holder)
-        del started.waiting_on[holder]
+        self._end_lease(key, holder)
+        del started.waiting_on[(key, holder)]
         return self._try_apply(started, now)
 
-    def relinquish(self, holder: HolderId, paths: Iterable[str], now: float) -> list[Effect]:
-        """``holder`` gives up its leases on ``paths`` (eviction, close)."""
+    def relinquish(self, holder: HolderId, keys: Iterable[str], now: float) -> list[Effect]:
+        """``holder`` gives up its leases on ``keys`` (eviction, close)."""
         effects: list[Effect] = []
-        for path in paths:
-            self._end_lease(path, holder)
-            started = self._started.get(path)
-            if started is not None and started.waiting_on.pop(holder, None) is not None:
+        for key in keys:
+            self._end_lease(key, holder)
+            started = self._started.get(key)
+            if started is not None and started.waiting_on.pop((key, holder), None) is not None:
                 effects += self._try_apply(started, now)
         return effects
 
     def connected(self, holder: HolderId, now: float) -> list[Effect]:
-        """``holder`` has (re)connected: resend the approval requests it may have missed."""
+        """``holder`` has (re)connected: resend the approval requests it may have missed
+        and that still matter at ``now`` (a lease past expiry + skew needs none)."""
         return [
-            SendApprovalRequest(holder, path, op.op)
-            for path, op in self._started.items()
-            if holder in op.waiting_on
+            SendApprovalRequest(holder, key, write.op)
+            for write in self._waiting_writes()
+            for (key, asked), dead_by in write.waiting_on.items()
+            if asked == holder and now < dead_by
         ]
 
     def disconnected(self, holder: HolderId, *, goodbye: bool, now: float) -> list[Effect]:
@@ -306,99 +407,144 @@ class LeaseTable:
 
     def write_done(self, op: OpId, now: float, *, ok: bool) -> list[Effect]:
         """The I/O of ``ApplyWrite(op)`` finished (``ok``: it took effect)."""
-        path = self._applying.pop(op, None)
-        if path is None:
+        applied = self._applying.pop(op, None)
+        if applied is None:
             raise UnknownOp(f"write {op} is not being applied")
-        applied = self._queues[path].popleft()
-        for holder in list(self._leases.get(path, ())):
-            if ok or holder != applied.holder:  # a failed writer still caches the old contents
-                self._end_lease(path, holder)
+        if applied.subtrees:
+            self._subtree_writes.remove(applied)
+        for key in applied.keys:
+            head = self._queues[key].popleft()
+            assert head is applied
+            for holder in list(self._leases.get(key, ())):
+                if ok or holder != applied.holder:  # a failed writer still caches the old value
+                    self._end_lease(key, holder)
         effects: list[Effect] = []
         if ok:
-            self.policy.note_write(path, now)
-            grant = self._grant(op, applied.holder, path, now)
-            effects.append(WriteCommitted(op, applied.holder, path, grant.term))
-        return effects + self._advance(path, now)
+            for key in applied.keys:
+                self.policy.note_write(key, now)
+            first = applied.first_key
+            term = self._lease(applied.holder, first, now)
+            effects.append(WriteCommitted(op, applied.holder, first, term))
+        return effects + self._advance(applied.keys, now)
 
     def tick(self, now: float) -> list[Effect]:
         """Time has reached ``now``: apply writes whose unapproved holders have expired,
         release writes held by the restart window, and sweep dead leases."""
         effects: list[Effect] = []
-        for started in list(self._started.values()):
-            for holder, dead_by in list(started.waiting_on.items()):
-                if now >= dead_by:
-                    del started.waiting_on[holder]
-                    self._end_lease(started.path, holder)
-            effects += self._try_apply(started, now)
+        for write in self._waiting_writes():
+            self._wait_out(write, now)
+            effects += self._try_apply(write, now)
         self._purge(now)
         self.policy.forget_before(now)
         return effects
 
     # ------------------------------------------------------------ internals
-    def _grant(self, op: OpId, holder: HolderId, path: str, now: float) -> Grant:
-        return Grant(op, holder, path, self._lease(holder, path, now))
+    def _waiting_writes(self) -> list[_Op]:
+        """The started writes not yet applying, each once."""
+        return list(dict.fromkeys(self._started.values()))
 
-    def _lease(self, holder: HolderId, path: str, now: float) -> float:
-        """Record a lease of the policy's term for ``holder`` on ``path``; return the term."""
-        term = self.policy.term(path, now)
+    def _lease(self, holder: HolderId, key: str, now: float) -> float:
+        """Record a lease of the policy's term for ``holder`` on ``key``; return the term."""
+        term = self.policy.term(key, now)
         if term > 0:
-            holders = self._leases.get(path)
+            holders = self._leases.get(key)
             if holders is None:
-                holders = self._leases[path] = {}
+                holders = self._leases[key] = {}
             holders[holder] = now + term
             held = self._held.get(holder)
             if held is None:
                 held = self._held[holder] = set()
-            held.add(path)
-            heapq.heappush(self._purge_heap, (now + term + self.skew, path, holder))
+            held.add(key)
+            heapq.heappush(self._purge_heap, (now + term + self.skew, key, holder))
             self.leases_granted += 1
         return term
 
-    def _end_lease(self, path: str, holder: HolderId) -> None:
-        held = self._leases.get(path)
+    def _end_lease(self, key: str, holder: HolderId) -> None:
+        held = self._leases.get(key)
         if held is None or held.pop(holder, None) is None:
             return
         if not held:
-            del self._leases[path]
-        paths = self._held.get(holder)
-        if paths is not None:
-            paths.discard(path)
-            if not paths:
+            del self._leases[key]
+        keys = self._held.get(holder)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
                 del self._held[holder]
 
-    def _advance(self, path: str, now: float) -> list[Effect]:
-        """Serve the head of ``path``'s queue: grant leading reads, start the next write."""
-        queue = self._queues.get(path)
+    def _subtree_write_above(self, key: str) -> _Op | None:
+        for write in self._subtree_writes:
+            if key.startswith(write.subtrees):
+                return write
+        return None
+
+    def _join_subtree_writes(self, key: str) -> None:
+        """Before an operation on ``key`` is queued, each queued directory rename above
+        ``key`` that lacks it joins its queue, in arrival order. A key it lacks had no
+        lease and no queue when it arrived and was given none since (an operation on it
+        would have joined it then), so the first to join heads a new queue and has no
+        holder to ask; the others start on it from :meth:`_advance`, in turn."""
+        for write in self._subtree_writes:
+            if key not in write.keys and key.startswith(write.subtrees):
+                write.keys[key] = None
+                queue = self._queues.setdefault(key, deque())
+                queue.append(write)
+                if queue[0] is write:
+                    write.started.add(key)
+                    if write.op not in self._applying:
+                        self._started[key] = write
+
+    def _advance(self, keys: Iterable[str], now: float) -> list[Effect]:
+        """Serve the head of each key's queue: grant leading reads, start the next
+        write there; then apply each write so started that may now go."""
         effects: list[Effect] = []
-        while queue and not queue[0].is_write:
-            head = queue.popleft()
-            effects.append(self._grant(head.op, head.holder, head.path, now))
-        if not queue:
-            self._queues.pop(path, None)
-            return effects
-        head = queue[0]
-        if head.started:
-            return effects
-        head.started = True
-        self._started[path] = head
-        for holder, expiry in self.holders(path, now).items():
-            if holder != head.holder:
-                head.waiting_on[holder] = expiry + self.skew
-                effects.append(SendApprovalRequest(holder, path, head.op))
-                self.approvals_sent += 1
-        return effects + self._try_apply(head, now)
+        started: dict[_Op, None] = {}
+        for key in keys:
+            queue = self._queues.get(key)
+            while queue and not queue[0].is_write:
+                head = queue.popleft()
+                term = self._lease(head.holder, key, now)
+                effects.append(Grant(head.op, head.holder, key, term))
+            if not queue:
+                self._queues.pop(key, None)
+                continue
+            head = queue[0]
+            if key in head.started:
+                continue
+            head.started.add(key)
+            self._started[key] = head
+            started[head] = None
+            for holder, expiry in self.holders(key, now).items():
+                if holder != head.holder:
+                    head.waiting_on[(key, holder)] = expiry + self.skew
+                    effects.append(SendApprovalRequest(holder, key, head.op))
+                    self.approvals_sent += 1
+        for write in started:
+            if len(write.started) == len(write.keys):  # heads every queue: drop whom
+                self._wait_out(write, now)  # it asked on the way and who are dead now
+            effects += self._try_apply(write, now)
+        return effects
+
+    def _wait_out(self, write: _Op, now: float) -> None:
+        """End the leases ``write`` waits on whose holders are past expiry + skew."""
+        for (key, holder), dead_by in list(write.waiting_on.items()):
+            if now >= dead_by:
+                del write.waiting_on[(key, holder)]
+                self._end_lease(key, holder)
 
     def _try_apply(self, write: _Op, now: float) -> list[Effect]:
-        if write.waiting_on or now < self.hold_writes_until:
+        if len(write.started) < len(write.keys) or write.waiting_on:
             return []
-        del self._started[write.path]
-        self._applying[write.op] = write.path
-        return [ApplyWrite(write.op, write.holder, write.path)]
+        if now < self.hold_writes_until:
+            return []
+        for key in write.keys:
+            del self._started[key]
+        self._applying[write.op] = write
+        return [ApplyWrite(write.op, write.holder, write.first_key)]
 
     def _purge(self, now: float) -> None:
         heap = self._purge_heap
         while heap and heap[0][0] <= now:
-            _, path, holder = heapq.heappop(heap)
-            expiry = self._leases.get(path, {}).get(holder)
+            _, key, holder = heapq.heappop(heap)
+            expiry = self._leases.get(key, {}).get(holder)
             if expiry is not None and expiry + self.skew <= now:
-                self._end_lease(path, holder)
+                self._end_lease(key, holder)

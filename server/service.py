@@ -58,6 +58,7 @@ from fscache.leases import (
     ApplyWrite,
     Discarded,
     Effect,
+    Footprint,
     Grant,
     HolderId,
     LeaseTable,
@@ -582,7 +583,7 @@ class FileService:
         self.counters.reads += 1
         path = normalize(message.path)
         op = self._new_op()
-        term = self.table.read_at_once(op, connection.holder, path, trio.current_time())
+        term = self.table.read(op, connection.holder, path, trio.current_time())
         if term is not None:  # granted at once, the common case
             self._serve_read(connection, message, path, term)
         else:  # queued behind a write: served by _execute when granted
@@ -602,7 +603,8 @@ class FileService:
             )
         op = self._new_op()
         self._pending[op] = _Pending(connection, message)
-        self._execute(self.table.write(op, connection.holder, path, trio.current_time()))
+        footprint = Footprint((path,))
+        self._execute(self.table.write(op, connection.holder, footprint, trio.current_time()))
 
     def _on_stat(self, connection: Connection, message: p.Stat) -> None:
         version, size, is_dir = self.store.stat(normalize(message.path, allow_root=True))
