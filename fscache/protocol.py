@@ -511,8 +511,11 @@ def _decode_generic(payload: bytes) -> Message:
     return _check_body(body)
 
 
+_pack_header = HEADER.pack
+
+
 def _frame(payload: bytes) -> bytes:
-    return HEADER.pack(len(payload)) + payload
+    return _pack_header(len(payload)) + payload
 
 
 def _encode_generic(message: Message) -> bytes:
@@ -544,7 +547,6 @@ _unpack_u32 = struct.Struct(">I").unpack_from
 _unpack_u64 = struct.Struct(">Q").unpack_from
 _unpack_float64 = struct.Struct(">d").unpack_from
 _BYTE = [bytes((i,)) for i in range(256)]
-_NULL_BYTE = _BYTE[_NULL]
 _isfinite = math.isfinite
 
 
@@ -553,7 +555,10 @@ class _Unrecognised(Exception):
 
 
 def _push_head(major: int, n: int) -> bytes:
-    """The shortest head of ``major`` with argument ``0 <= n < 2**64``, as cbor2 writes it."""
+    """The shortest head of ``major`` with argument ``n``, as cbor2 writes it: for an
+    unsigned integer the whole item, for text or bytes what precedes their bytes."""
+    if type(n) is not int or n < 0:
+        raise _Unrecognised  # a bool, a negative integer: cbor2 writes those otherwise
     if n < _ARG_1:
         return _BYTE[major | n]
     if n < 0x100:
@@ -562,13 +567,9 @@ def _push_head(major: int, n: int) -> bytes:
         return _pack_u16(major | _ARG_2, n)
     if n < 0x100000000:
         return _pack_u32(major | _ARG_4, n)
-    return _pack_u64(major | _ARG_8, n)
-
-
-def _push_uint(n: int) -> bytes:
-    if type(n) is not int or not 0 <= n < _UINT_LIMIT:
-        raise _Unrecognised  # a negative integer, a bool, a bignum ...
-    return _push_head(_UINT, n)
+    if n < _UINT_LIMIT:
+        return _pack_u64(major | _ARG_8, n)
+    raise _Unrecognised  # a bignum
 
 
 def _push_float(x: float) -> bytes:
@@ -582,13 +583,6 @@ def _push_text(text: str) -> bytes:
         raise _Unrecognised
     utf8 = text.encode()  # a lone surrogate raises: the generic path lets cbor2 refuse it
     return _push_head(_TEXT, len(utf8)) + utf8
-
-
-def _push_bytes_head(data: bytes) -> bytes:
-    """The head of ``data`` as a byte string (``data`` itself follows: not copied here)."""
-    if type(data) is not bytes:
-        raise _Unrecognised
-    return _push_head(_BYTES, len(data))
 
 
 def _prefix(cls: type[Message]) -> bytes:
@@ -617,26 +611,38 @@ def _pull_head(b: bytes, pos: int, key: bytes, major: int) -> tuple[int, int]:
     raise _Unrecognised  # another major type, or an indefinite length
 
 
-def _pull_float(b: bytes, pos: int, key: bytes) -> tuple[float, int]:
-    """After the map key ``key`` at ``pos``, a finite double, and the position after it."""
-    if not b.startswith(key, pos):
-        raise _Unrecognised
-    pos += len(key)
-    if b[pos] != _FLOAT64:
-        raise _Unrecognised  # half or single precision, or an int: the generic path
-    (x,) = _unpack_float64(b, pos + 1)
-    if not _isfinite(x):
-        raise _Unrecognised  # the generic path makes the error
-    return x, pos + 9
-
-
 # Each reader below takes a payload that starts with its message type's prefix (the
 # caller looked it up by that) and ends with its last field; a slice past the end of a
 # short payload is short, and then pos != len(b) refuses it.
+#
+# A version is a file's st_mtime_ns, which cbor2 writes as an 8-byte integer: the
+# readers take a version in that form only, and with the term after it (a double) in
+# one struct call. Another form (a version below 2**32, a term of another precision or
+# an int) is the generic path's to decode.
 _K_ID, _K_PATH, _K_HAVE, _K_VERSION, _K_TERM, _K_DATA = map(
     _push_text, ("id", "path", "have", "version", "term", "data")
 )
+_UINT64 = _UINT | _ARG_8
+_NULL_BYTE = _BYTE[_NULL]
 _K_HAVE_NULL = _K_HAVE + _NULL_BYTE
+_K_HAVE_UINT64 = _K_HAVE + _BYTE[_UINT64]
+_VERSION_AND_TERM = struct.Struct(f">{len(_K_VERSION)}sBQ{len(_K_TERM)}sBd")
+
+
+def _pull_version_and_term(b: bytes, pos: int) -> tuple[int, float, int]:
+    """The version and the term at ``pos`` (see above), and the position after them."""
+    key_v, head_v, version, key_t, head_t, term = _VERSION_AND_TERM.unpack_from(b, pos)
+    if (
+        key_v != _K_VERSION
+        or head_v != _UINT64
+        or key_t != _K_TERM
+        or head_t != _FLOAT64
+        or not _isfinite(term)  # the generic path makes the error
+    ):
+        raise _Unrecognised
+    return version, term, pos + _VERSION_AND_TERM.size
+
+
 _READ = _prefix(Read)
 _DATA = _prefix(Data)
 _NOT_MODIFIED = _prefix(NotModified)
@@ -652,12 +658,12 @@ def read_frame(id: int, path: str, have: int | None = None) -> bytes:
     request on every miss."""
     try:
         payload = b"".join((
-            _READ, _K_ID, _push_uint(id), _K_PATH, _push_text(path),
-            _K_HAVE, _NULL_BYTE if have is None else _push_uint(have),
+            _READ, _K_ID, _push_head(_UINT, id), _K_PATH, _push_text(path),
+            _K_HAVE, _NULL_BYTE if have is None else _push_head(_UINT, have),
         ))  # fmt: skip
     except (_Unrecognised, UnicodeEncodeError):
         return _encode_generic(Read(id, path, have))
-    return HEADER.pack(len(payload)) + payload
+    return _pack_header(len(payload)) + payload
 
 
 def _pull_read(b: bytes) -> Read:
@@ -666,8 +672,11 @@ def _pull_read(b: bytes) -> Read:
     path, pos = b[pos : pos + n].decode(), pos + n
     if b.startswith(_K_HAVE_NULL, pos):
         have, pos = None, pos + len(_K_HAVE_NULL)
+    elif b.startswith(_K_HAVE_UINT64, pos):
+        (have,) = _unpack_u64(b, pos + len(_K_HAVE_UINT64))
+        pos += len(_K_HAVE_UINT64) + 8
     else:
-        have, pos = _pull_head(b, pos, _K_HAVE, _UINT)
+        raise _Unrecognised
     if pos != len(b):
         raise _Unrecognised
     message = _new(Read)
@@ -681,19 +690,20 @@ def data_frame(id: int, version: int, term: float, data: bytes) -> bytes:
     """``encode(Data(id, version, term, data))`` without building the message: the
     server's reply to almost every read."""
     try:
+        if type(data) is not bytes:
+            raise _Unrecognised
         payload = b"".join((
-            _DATA, _K_ID, _push_uint(id), _K_VERSION, _push_uint(version),
-            _K_TERM, _push_float(term), _K_DATA, _push_bytes_head(data), data,
+            _DATA, _K_ID, _push_head(_UINT, id), _K_VERSION, _push_head(_UINT, version),
+            _K_TERM, _push_float(term), _K_DATA, _push_head(_BYTES, len(data)), data,
         ))  # fmt: skip
     except _Unrecognised:
         return _encode_generic(Data(id, version, term, data))
-    return HEADER.pack(len(payload)) + payload
+    return _pack_header(len(payload)) + payload
 
 
 def _pull_data(b: bytes) -> Data:
     id, pos = _pull_head(b, len(_DATA), _K_ID, _UINT)
-    version, pos = _pull_head(b, pos, _K_VERSION, _UINT)
-    term, pos = _pull_float(b, pos, _K_TERM)
+    version, term, pos = _pull_version_and_term(b, pos)
     n, pos = _pull_head(b, pos, _K_DATA, _BYTES)
     data, pos = b[pos : pos + n], pos + n
     if pos != len(b):
@@ -710,18 +720,17 @@ def _version_frame(prefix: bytes, message: NotModified | Written) -> bytes:
     """The frame of a NotModified or a Written: both are (id, version, term)."""
     try:
         payload = b"".join((
-            prefix, _K_ID, _push_uint(message.id), _K_VERSION, _push_uint(message.version),
-            _K_TERM, _push_float(message.term),
+            prefix, _K_ID, _push_head(_UINT, message.id),
+            _K_VERSION, _push_head(_UINT, message.version), _K_TERM, _push_float(message.term),
         ))  # fmt: skip
     except _Unrecognised:
         return _encode_generic(message)
-    return HEADER.pack(len(payload)) + payload
+    return _pack_header(len(payload)) + payload
 
 
 def _pull_not_modified(b: bytes) -> NotModified:
     id, pos = _pull_head(b, len(_NOT_MODIFIED), _K_ID, _UINT)
-    version, pos = _pull_head(b, pos, _K_VERSION, _UINT)
-    term, pos = _pull_float(b, pos, _K_TERM)
+    version, term, pos = _pull_version_and_term(b, pos)
     if pos != len(b):
         raise _Unrecognised
     message = _new(NotModified)
@@ -733,8 +742,7 @@ def _pull_not_modified(b: bytes) -> NotModified:
 
 def _pull_written(b: bytes) -> Written:
     id, pos = _pull_head(b, len(_WRITTEN), _K_ID, _UINT)
-    version, pos = _pull_head(b, pos, _K_VERSION, _UINT)
-    term, pos = _pull_float(b, pos, _K_TERM)
+    version, term, pos = _pull_version_and_term(b, pos)
     if pos != len(b):
         raise _Unrecognised
     message = _new(Written)
