@@ -534,7 +534,7 @@ _UINT = 0x00  # major type 0: an unsigned integer
 _BYTES = 0x40  # major type 2: a byte string of argument bytes
 _TEXT = 0x60  # major type 3: UTF-8 text of argument bytes
 _MAP = 0xA0  # major type 5: a map of argument pairs
-_FALSE, _TRUE, _NULL, _FLOAT64 = 0xF4, 0xF5, 0xF6, 0xFB  # major type 7
+_NULL, _FLOAT64 = 0xF6, 0xFB  # major type 7: null, and a double in the next 8 bytes
 _ARG_1, _ARG_2, _ARG_4, _ARG_8 = 24, 25, 26, 27  # the argument follows in 1, 2, 4, 8 bytes
 _UINT_LIMIT = 2**64
 
