@@ -8,9 +8,11 @@ TooLarge for an oversized frame), and nothing else ever escapes it.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import datetime
 import decimal
+import pathlib
 import struct
 import types
 import typing
@@ -22,6 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fscache import protocol
 from fscache.errors import ProtocolError, TooLarge
 from fscache.protocol import (
     _PULL,
@@ -639,3 +642,14 @@ def test_every_single_byte_edit_of_a_frame_decodes_as_the_generic_path_does(
 ) -> None:
     for payload in single_byte_edits(payload_of(message)):
         assert_agree(payload)
+
+
+def test_the_codec_is_plain_code_with_no_source_generated_at_import() -> None:
+    source = pathlib.Path(protocol.__file__).read_text(encoding="utf-8")
+    called = {
+        node.func.id
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+
+    assert not called & {"exec", "eval", "compile"}
