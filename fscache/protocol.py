@@ -310,13 +310,14 @@ def _exact(kind: type) -> Check:
     return check
 
 
-_CBOR_INTS = range(-(2**64), 2**64)  # what CBOR encodes without a bignum tag
+_UINT_LIMIT = 2**64  # CBOR encodes integers in -2**64 .. 2**64 - 1 without a bignum tag
+_CBOR_INTS = range(-_UINT_LIMIT, _UINT_LIMIT)
 
 
 def _int(value: Any) -> int:
     if type(value) is not int:
         raise _Mismatch(f"expected int, got {type(value).__name__}")
-    if value not in _CBOR_INTS:
+    if not -_UINT_LIMIT <= value < _UINT_LIMIT:  # a bignum: CBOR's own integers stop there
         raise _Mismatch("integer out of range")
     return value
 
@@ -536,7 +537,6 @@ _TEXT = 0x60  # major type 3: UTF-8 text of argument bytes
 _MAP = 0xA0  # major type 5: a map of argument pairs
 _NULL, _FLOAT64 = 0xF6, 0xFB  # major type 7: null, and a double in the next 8 bytes
 _ARG_1, _ARG_2, _ARG_4, _ARG_8 = 24, 25, 26, 27  # the argument follows in 1, 2, 4, 8 bytes
-_UINT_LIMIT = 2**64
 
 _pack_u8 = struct.Struct(">BB").pack
 _pack_u16 = struct.Struct(">BH").pack
