@@ -24,6 +24,11 @@ def cache(max_bytes: int = 1 << 20) -> LeaseCache:
     return LeaseCache(skew=SKEW, max_bytes=max_bytes)
 
 
+def hit(c: LeaseCache, path: str, now: float) -> bytes | None:
+    entry = c.lookup(path, now)
+    return None if entry is None else entry.data
+
+
 def expiry_of(c: LeaseCache, path: str) -> float:
     entry = c.get(path)
     assert entry is not None
@@ -44,19 +49,18 @@ def test_lookup_hits_before_expiry_and_misses_at_and_after_it() -> None:
     c = cache()
     c.store("p", b"data", version=1, term=10.0, sent_at=5.0)
 
-    assert c.lookup("p", now=5.0) == b"data"
-    assert c.lookup("p", now=just_before(14.9)) == b"data"
-    assert c.lookup("p", now=14.9) is None
-    assert c.lookup("p", now=20.0) is None
-    assert c.lookup("other", now=5.0) is None
-    assert c.hits == 2
+    assert hit(c, "p", now=5.0) == b"data"
+    assert hit(c, "p", now=just_before(14.9)) == b"data"
+    assert hit(c, "p", now=14.9) is None
+    assert hit(c, "p", now=20.0) is None
+    assert hit(c, "other", now=5.0) is None
 
 
 def test_an_expired_entry_is_kept_for_revalidation() -> None:
     c = cache()
     c.store("p", b"data", version=3, term=10.0, sent_at=0.0)
 
-    assert c.lookup("p", now=30.0) is None
+    assert hit(c, "p", now=30.0) is None
     entry = c.get("p")
     assert entry is not None and entry.version == 3  # its version goes in the next read
 
@@ -67,7 +71,7 @@ def test_a_term_not_longer_than_the_skew_is_not_cached(term: float) -> None:
 
     assert c.store("p", b"data", version=1, term=term, sent_at=5.0) == []
     assert "p" not in c
-    assert c.lookup("p", now=5.0) is None
+    assert hit(c, "p", now=5.0) is None
     assert c.nbytes == 0
 
 
@@ -86,8 +90,8 @@ def test_a_term_just_over_the_skew_is_cached_briefly() -> None:
 
     entry = c.get("p")
     assert entry is not None and entry.expiry == 1.0 + 0.25 - SKEW
-    assert c.lookup("p", now=1.1) == b"data"
-    assert c.lookup("p", now=1.15) is None
+    assert hit(c, "p", now=1.1) == b"data"
+    assert hit(c, "p", now=1.15) is None
 
 
 # ---------------------------------------------------------------- versions and extension
@@ -96,7 +100,7 @@ def test_an_older_version_never_overwrites_a_newer_one() -> None:
     c.store("p", b"v2", version=2, term=10.0, sent_at=1.0)
 
     assert c.store("p", b"v1", version=1, term=10.0, sent_at=2.0) == []  # a late reply
-    assert c.lookup("p", now=2.0) == b"v2"
+    assert hit(c, "p", now=2.0) == b"v2"
     entry = c.get("p")
     assert entry is not None and (entry.version, entry.expiry) == (2, 10.9)
 
@@ -108,7 +112,7 @@ def test_the_same_or_a_newer_version_replaces_the_entry() -> None:
     c.store("p", b"v1", version=1, term=10.0, sent_at=4.0)
     assert expiry_of(c, "p") == 13.9
     c.store("p", b"v2!", version=2, term=10.0, sent_at=5.0)
-    assert c.lookup("p", now=5.0) == b"v2!"
+    assert hit(c, "p", now=5.0) == b"v2!"
     assert c.nbytes == 3
 
 
@@ -158,9 +162,19 @@ def test_a_hit_makes_an_entry_most_recently_used() -> None:
     c.store("b", b"bbbb", version=1, term=10.0, sent_at=0.0)
     c.store("c", b"cc", version=1, term=10.0, sent_at=0.0)
 
-    assert c.lookup("a", now=1.0) == b"aaaa"
+    assert hit(c, "a", now=1.0) == b"aaaa"
     assert c.store("d", b"ddddd", version=1, term=10.0, sent_at=1.0) == ["b", "c"]
-    assert list(c.entries) == ["a", "d"]
+    assert list(c.entries) == ["d", "a"]  # "a" got its second chance after "d" came
+
+
+def test_a_second_chance_is_spent_once() -> None:
+    c = cache(max_bytes=8)
+    c.store("a", b"aaaa", version=1, term=10.0, sent_at=0.0)
+    c.store("b", b"bbbb", version=1, term=10.0, sent_at=0.0)
+    assert hit(c, "a", now=1.0) == b"aaaa"
+
+    assert c.store("c", b"cc", version=1, term=10.0, sent_at=1.0) == ["b"]
+    assert c.store("d", b"ddddd", version=1, term=10.0, sent_at=1.0) == ["c", "a"]
 
 
 def test_a_miss_does_not_refresh_recency() -> None:
@@ -168,7 +182,7 @@ def test_a_miss_does_not_refresh_recency() -> None:
     c.store("a", b"aaaa", version=1, term=1.0, sent_at=0.0)
     c.store("b", b"bbbb", version=1, term=10.0, sent_at=0.0)
 
-    assert c.lookup("a", now=5.0) is None  # expired
+    assert hit(c, "a", now=5.0) is None  # expired
     assert c.store("c", b"c", version=1, term=10.0, sent_at=5.0) == ["a"]
 
 
@@ -194,14 +208,14 @@ def test_max_bytes_must_not_be_negative() -> None:
         LeaseCache(skew=SKEW, max_bytes=-1)
 
 
-# ---------------------------------------------------------------- drop, clear, expired
+# ---------------------------------------------------------------- drop, clear
 def test_drop_forgets_a_path_and_says_whether_it_was_cached() -> None:
     c = cache()
     c.store("p", b"data", version=1, term=10.0, sent_at=0.0)
 
     assert c.drop("p") is True
     assert c.drop("p") is False
-    assert c.lookup("p", now=0.0) is None
+    assert hit(c, "p", now=0.0) is None
     assert (c.nbytes, len(c)) == (0, 0)
 
 
@@ -212,13 +226,3 @@ def test_clear_forgets_everything_and_returns_the_paths() -> None:
 
     assert c.clear() == ["a", "b"]
     assert (c.nbytes, len(c)) == (0, 0)
-
-
-def test_expired_lists_the_paths_whose_lease_is_no_longer_trusted() -> None:
-    c = cache()
-    c.store("a", b"a", version=1, term=10.0, sent_at=0.0)  # trusted until 9.9
-    c.store("b", b"b", version=1, term=10.0, sent_at=5.0)  # trusted until 14.9
-
-    assert c.expired(now=just_before(9.9)) == []
-    assert c.expired(now=9.9) == ["a"]
-    assert c.expired(now=14.9) == ["a", "b"]
