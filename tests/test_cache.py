@@ -8,6 +8,10 @@ until ``sent_at + term - skew`` exactly, and not an instant longer.
 from __future__ import annotations
 
 import math
+import random
+import sys
+import threading
+import time
 
 import pytest
 
@@ -226,3 +230,66 @@ def test_clear_forgets_everything_and_returns_the_paths() -> None:
 
     assert c.clear() == ["a", "b"]
     assert (c.nbytes, len(c)) == (0, 0)
+
+
+# ---------------------------------------------------------------- threads
+def test_hits_on_one_thread_race_stores_evictions_and_drops_on_another_safely() -> None:
+    """The blocking client's situation: its caller's thread answers hits while the
+    loop thread stores, evicts and drops. For several seconds, with the interpreter
+    switching threads as often as it can: no exception, every entry whole, no entry
+    of a version dropped before the lookup began, and the byte count exact at the end."""
+    paths = [f"f{i}" for i in range(32)]
+    c = cache(max_bytes=16 * 20)  # room for about half of them: evictions all along
+    dropped = dict.fromkeys(paths, 0)  # path: the newest version dropped (published after)
+    stop = threading.Event()
+    problems: list[str] = []
+    hits = 0
+
+    def body(path: str, version: int) -> bytes:
+        return f"{path}:{version}".encode().ljust(16 + version % 8, b".")
+
+    def hammer_hits() -> None:
+        nonlocal hits
+        try:
+            while not stop.is_set():
+                for path in paths:
+                    floor = dropped[path]
+                    entry = c.lookup(path, time.monotonic())
+                    if entry is None:
+                        continue
+                    hits += 1
+                    if entry.version <= floor:
+                        problems.append(f"{path} v{entry.version} after v{floor} was dropped")
+                    if entry.data != body(path, entry.version):
+                        problems.append(f"{path} v{entry.version} holds {entry.data!r}")
+        except Exception as exc:  # pragma: no cover - the failure this test looks for
+            problems.append(repr(exc))
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    reader = threading.Thread(target=hammer_hits)
+    reader.start()
+    version = dict.fromkeys(paths, 0)
+    stores = drops = 0
+    rng = random.Random(7)
+    try:
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and not problems:
+            path = rng.choice(paths)
+            if rng.random() < 0.25:
+                if c.drop(path):  # an approval request: drop, then publish
+                    dropped[path] = version[path]
+                    drops += 1
+            else:
+                version[path] += 1
+                c.store(path, body(path, version[path]), version[path], 10.0, time.monotonic())
+                stores += 1
+    finally:
+        stop.set()
+        reader.join()
+        sys.setswitchinterval(switch)
+
+    assert problems == []
+    assert stores > 10_000 and drops > 1_000 and c.evictions > 1_000 and hits > 10_000
+    assert c.nbytes == sum(len(entry.data) for entry in c.entries.values()) <= c.max_bytes
+    assert all(entry.data == body(path, entry.version) for path, entry in c.entries.items())
