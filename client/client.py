@@ -104,7 +104,7 @@ TRANSPORT_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 class _TransportErrors:
-    """``with client._transport(doing):`` -- the one place where the transport's
+    """``with _TransportErrors(client, doing):`` -- the one place where the transport's
     errors (trio's broken or closed stream, the socket's OSError) become fscache's:
     :class:`Unauthorized` when TLS refused a certificate (or, with ``tls_handshake``,
     when a TLS peer closed during our handshake: it refused our certificate), else
@@ -193,9 +193,10 @@ class Client:
         self._opener = opener
         self.client_id = client_id or uuid.uuid4().hex
         self._clock = clock
-        self._skew_override = skew if skew is None else check_duration("skew", skew)
+        self._skew_override = None if skew is None else check_duration("skew", skew)
         self._cache = LeaseCache(
-            skew=skew if skew is not None else DEFAULT_SKEW, max_bytes=cache_bytes
+            skew=DEFAULT_SKEW if self._skew_override is None else self._skew_override,
+            max_bytes=cache_bytes,
         )
         self._hits = 0
         self.address = address
