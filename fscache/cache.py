@@ -90,7 +90,7 @@ class LeaseCache:
         self.entries[path] = Entry(data, version, expiry)  # replaces a whole entry
         self.entries.move_to_end(path)
         self.nbytes += len(data) - (len(old.data) if old is not None else 0)
-        return self._evict(keep=path)
+        return self._evict(keep=path) if self.nbytes > self.max_bytes else []
 
     def extend(self, path: str, version: int, term: float, sent_at: float) -> bool:
         """A not-modified or extension reply for ``version``: push the expiry on."""
@@ -126,13 +126,13 @@ class LeaseCache:
     def _evict(self, keep: str) -> list[str]:
         evicted = []
         entries, used = self.entries, self._used
+        chances = len(entries)  # bounded, though another thread may mark entries used meanwhile
         while self.nbytes > self.max_bytes:
             path = next(iter(entries))
-            if path == keep:  # (stored last, so every other entry is gone)
-                break
-            if path in used:
+            if path == keep or (chances > 0 and path in used):
+                chances -= 1
                 used.discard(path)
-                entries.move_to_end(path)  # a second chance
+                entries.move_to_end(path)  # a second chance (the new entry: always)
                 continue
             self.drop(path)
             self.evictions += 1

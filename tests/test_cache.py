@@ -293,3 +293,13 @@ def test_hits_on_one_thread_race_stores_evictions_and_drops_on_another_safely() 
     assert stores > 10_000 and drops > 1_000 and c.evictions > 1_000 and hits > 10_000
     assert c.nbytes == sum(len(entry.data) for entry in c.entries.values()) <= c.max_bytes
     assert all(entry.data == body(path, entry.version) for path, entry in c.entries.items())
+
+
+def test_when_every_older_entry_was_used_the_new_one_still_stays_and_the_bound_holds() -> None:
+    c = cache(max_bytes=8)
+    c.store("a", b"aaaa", version=1, term=10.0, sent_at=0.0)
+    c.store("b", b"bbbb", version=1, term=10.0, sent_at=0.0)
+    assert hit(c, "a", now=1.0) == b"aaaa" and hit(c, "b", now=1.0) == b"bbbb"
+
+    assert c.store("c", b"cc", version=1, term=10.0, sent_at=1.0) == ["a"]
+    assert (list(c.entries), c.nbytes) == (["b", "c"], 6)
