@@ -16,11 +16,12 @@ entry is dropped *before* the approval is sent; a version older than the one
 cached is never stored over it.
 
 Threads: one thread (the owner: the client's trio loop) stores, extends, drops
-and evicts; any thread may call :meth:`lookup`. The hit path is thread-safe
-because it reads one immutable entry with one ``dict.get`` and records the use
-with one ``set.add``, while the owner only ever installs or removes a whole
-entry with one dict operation, so a concurrent lookup sees the old entry or the
-new one (or none), never a half-made one.
+and evicts, and alone keeps the byte count; any thread may call :meth:`lookup`.
+The hit path is thread-safe because it reads one immutable entry with one
+``dict.get``, compares one float and records the use with one ``set.add``,
+while the owner installs or removes a whole entry with one dict operation each
+(and only reorders, never removes, to give a second chance), so a concurrent
+lookup sees the old entry or the new one (or none), never a half-made one.
 
 The cache is bounded by the total size of its data. Eviction is the CLOCK
 approximation of least-recently-used: the owner walks entries from the oldest
