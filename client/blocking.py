@@ -1,12 +1,11 @@
 """The blocking client: the async client on a trio loop in a background thread.
 
-A cache hit is answered on the caller's thread: one lookup in the cache's dict
-and one comparison with ``time.monotonic()``, with no lock and no thread hop.
-That is safe because the loop thread only ever replaces or removes whole,
-immutable entries (single dict operations, atomic under the GIL), and it drops
-an entry *before* approving a write: a hit that raced with the drop returned
-data whose replacement the server had not yet applied. Everything else crosses
-to the loop thread with ``trio.from_thread.run``.
+A cache hit is answered on the caller's thread by the cache's own rule,
+:meth:`fscache.cache.LeaseCache.lookup` on ``time.monotonic()``, with no lock and
+no thread hop (why that is thread-safe: the cache's theory note). The loop thread
+drops an entry *before* approving a write, so a hit that raced with the drop
+returned data whose replacement the server had not yet applied. Everything else
+crosses to the loop thread with ``trio.from_thread.run``.
 """
 
 from __future__ import annotations
@@ -25,10 +24,9 @@ from fscache.cache import DEFAULT_MAX_BYTES
 from fscache.client.client import Client, StatResult, open_client, parse_address
 from fscache.errors import FscacheError
 from fscache.paths import normalize
+from fscache.settings import DEFAULT_ADDRESS
 
 T = TypeVar("T")
-
-MAX_SPELLINGS = 4096  # remembered non-normal spellings of paths, for caller-thread hits
 
 
 class BlockingClient:
@@ -60,8 +58,7 @@ class BlockingClient:
             self._thread.join()
             raise started
         self._client, self._token = started
-        self._entries = self._client._entries
-        self._spellings: dict[str, str] = {}  # other spellings of normal paths
+        self._cache = self._client.cache
         self._hits = 0
         self._closed = False
 
@@ -93,23 +90,14 @@ class BlockingClient:
 
     # ------------------------------------------------------------ the hot path
     def read(self, path: str) -> bytes:
-        entry = self._entries.get(path)
-        if entry is None and path in self._spellings:  # e.g. "./docs//a.txt"
-            path = self._spellings[path]
-            entry = self._entries.get(path)
-        if entry is not None and time.monotonic() < entry.expiry:
-            try:  # noqa: SIM105 -- contextlib.suppress would double the cost of a hit
-                self._entries.move_to_end(path)
-            except KeyError:  # dropped by the loop thread just now
-                pass
-            self._hits += 1
-            return entry.data
-        normal = normalize(path)
-        if normal != path:  # remember the spelling, so its next hit stays on this thread
-            if len(self._spellings) >= MAX_SPELLINGS:
-                self._spellings.clear()
-            self._spellings[path] = normal
-        return self._run(self._client.read, normal)
+        entry = self._cache.lookup(path, time.monotonic())
+        if entry is None:
+            normal = normalize(path)  # another spelling of a cached path hits here too
+            entry = self._cache.lookup(normal, time.monotonic()) if normal != path else None
+            if entry is None:
+                return self._run(self._client.read, normal)
+        self._hits += 1
+        return entry.data
 
     # ------------------------------------------------------------ everything else
     def write(self, path: str, data: bytes, *, if_version: int | None = None) -> int:
@@ -127,9 +115,6 @@ class BlockingClient:
     def relinquish(self, *paths: str) -> None:
         self._run(self._client.relinquish, *paths)
 
-    def extend(self, *paths: str) -> dict[str, bool]:
-        return self._run(self._client.extend, *paths)
-
     def server_stats(self) -> dict[str, Any]:
         return self._run(self._client.server_stats)
 
@@ -140,10 +125,6 @@ class BlockingClient:
         lookups = stats["hits"] + stats["misses"]
         stats["hit_ratio"] = stats["hits"] / lookups if lookups else 0.0
         return stats
-
-    @property
-    def epoch(self) -> str | None:
-        return self._client.epoch
 
     def _run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self._closed:
@@ -173,7 +154,7 @@ class BlockingClient:
 
 
 def connect(
-    address: str = "127.0.0.1:7710",
+    address: str = DEFAULT_ADDRESS,
     *,
     client_id: str | None = None,
     ssl_context: ssl.SSLContext | None = None,

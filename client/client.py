@@ -8,24 +8,23 @@ on the cache is applied as it is read, before anyone is woken: a reply's data is
 cached, then a later approval request drops it again, never the reverse. On an
 approval request the entry is dropped first, then the approval is sent.
 
-Who reads the socket: whichever task needs bytes next (see :meth:`Client._await_reply`).
-A request's own task reads while it waits for its reply, so the reply is handled
-and returned in one pass of the scheduler, with no hand-off between tasks; other
-requests' tasks wait as followers and one of them takes over the reading when the
-reader leaves. While no request waits, an idle reader task reads, so approval
-requests pushed by the server are answered at once; a request that arrives then
-interrupts it (possible only on a wire whose receive may be cancelled without
-losing bytes: plain TCP; over TLS the idle reader reads everything).
+One reader task per connection reads every frame and applies it in order: a
+reply is taken from the table of waiting requests (by id), its cache effect is
+applied, its result set and its task woken; an approval request drops the entry
+and is then answered, before the next frame is read.
 
-A read that finds a trusted entry returns it without touching the socket (see
-:meth:`Client.read`: a dict lookup and a clock comparison). Otherwise concurrent
+A read that finds a trusted entry returns it without touching the socket (the
+rule is :meth:`fscache.cache.LeaseCache.lookup`: a dict lookup and a clock
+comparison). Otherwise concurrent
 misses on one path share one request, sent with the cached version (if any) so
 an unchanged file costs a not-modified reply and no data.
 
-If the connection breaks (or stops answering pings while requests wait), every
-waiting request fails with :class:`Unavailable`, entries stay trusted until
-their expiry, and a background task reconnects with exponential backoff. The
-server re-sends approval requests we may have missed when we come back.
+The transport's errors (a broken, closed or failed socket) become fscache's at
+one boundary, :class:`_TransportErrors`. If the connection breaks (or stops
+answering pings while requests wait), every waiting request fails with
+:class:`Unavailable`, entries stay trusted until their expiry, and a background
+task reconnects with exponential backoff. The server re-sends approval requests
+we may have missed when we come back.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from types import TracebackType
 from typing import Any, TypeVar
 
 import trio
@@ -51,8 +51,15 @@ from fscache.errors import (
     Unavailable,
     error_for_code,
 )
-from fscache.net import SocketWire, Wire, wire_for
+from fscache.net import Wire, wire_for
 from fscache.paths import normalize
+from fscache.settings import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_FRAME,
+    DEFAULT_PORT,
+    DEFAULT_SKEW,
+    check_duration,
+)
 from fscache.tls import is_auth_failure
 
 log = logging.getLogger("fscache.client")
@@ -60,7 +67,6 @@ log = logging.getLogger("fscache.client")
 Opener = Callable[[], Awaitable[trio.abc.Stream]]
 M = TypeVar("M", bound=p.Message)
 
-DEFAULT_PORT = 7710
 CONNECT_TIMEOUT = 5.0
 RECONNECT_WAIT = 1.0  # a request waits this long for a lost connection to come back
 BACKOFF_FIRST = 0.05
@@ -80,7 +86,8 @@ class StatResult:
 
 @dataclasses.dataclass(eq=False, slots=True)
 class _Request:
-    """One request waiting for its reply."""
+    """One request waiting for its reply; the reader fills in ``reply`` or ``error``
+    and sets ``done``."""
 
     path: str = ""
     message: p.Message | None = None  # built with its id as it is sent (not for reads)
@@ -90,76 +97,64 @@ class _Request:
     id: int = 0
     reply: p.Message | None = None
     error: BaseException | None = None
-    finished: bool = False
-    following: bool = False  # its task waits for another task to read its reply
-    wake: trio.Event | None = None  # set when finished, or when it should read itself
-    done: trio.Event | None = None  # for the readers sharing this request's answer
-
-    def finish(self) -> None:
-        self.finished = True
-        if self.wake is not None:
-            self.wake.set()
-        if self.done is not None:
-            self.done.set()
-
-    async def wait_done(self) -> None:
-        if not self.finished:
-            if self.done is None:
-                self.done = trio.Event()
-            await self.done.wait()
+    done: trio.Event = dataclasses.field(default_factory=trio.Event)
 
 
-_IDLE = object()  # the idle reader's token as link.reader
+TRANSPORT_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
-class _Doorbell:
-    """Wakes the one task parked on it (the idle reader): a direct reschedule, as a
-    ring happens on the critical path of every request that read its own reply."""
+class _TransportErrors:
+    """``with _TransportErrors(client, doing):`` -- the one place where the transport's
+    errors (trio's broken or closed stream, the socket's OSError) become fscache's:
+    :class:`Unauthorized` when TLS refused a certificate (or, with ``tls_handshake``,
+    when a TLS peer closed during our handshake: it refused our certificate), else
+    :class:`Unavailable`."""
 
-    __slots__ = ("_rung", "_task")
+    __slots__ = ("client", "doing", "tls_handshake")
 
-    def __init__(self) -> None:
-        self._task: trio.lowlevel.Task | None = None
-        self._rung = False
+    def __init__(self, client: Client, doing: str, *, tls_handshake: bool = False) -> None:
+        self.client = client
+        self.doing = doing
+        self.tls_handshake = tls_handshake
 
-    def ring(self) -> None:
-        task = self._task
-        if task is None:
-            self._rung = True
-        else:
-            self._task = None
-            trio.lowlevel.reschedule(task)
+    def __enter__(self) -> None:
+        return None
 
-    async def wait(self) -> None:
-        if self._rung:
-            self._rung = False
-            await trio.lowlevel.checkpoint()
-            return
-        self._task = trio.lowlevel.current_task()
-
-        def abort(_: Any) -> trio.lowlevel.Abort:
-            self._task = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(exc, TRANSPORT_ERRORS):
+            client = self.client
+            if is_auth_failure(exc):
+                raise Unauthorized(f"TLS with {client.address} failed: {_ssl_reason(exc)}") from exc
+            if self.tls_handshake:
+                raise Unauthorized(
+                    f"{client.address} closed the TLS connection during the handshake; "
+                    "it probably refused our client certificate"
+                ) from exc
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise client._unavailable(f"{self.doing}: {reason or 'connection broken'}") from exc
 
 
 class _Link:
-    """One live connection: its wire, its waiting requests, who reads it."""
+    """One live connection: its wire, its waiting requests by id, its send turn."""
 
     def __init__(
-        self, wire: Wire, decoder: p.FrameDecoder, welcome: p.Welcome, cancel: trio.CancelScope
+        self,
+        wire: Wire,
+        decoder: p.FrameDecoder,
+        welcome: p.Welcome,
+        cancel: trio.CancelScope,
+        errors: _TransportErrors,
     ) -> None:
         self.wire = wire
         self.decoder = decoder
         self.welcome = welcome
         self.cancel = cancel
+        self.errors = errors
         self.waiting: dict[int, _Request] = {}
         self._sending = False  # one send_all at a time; waiters park in FIFO order
         self._send_turn = trio.lowlevel.ParkingLot()
-        self.reader: object | None = None  # a _Request, _IDLE, or None: nobody reads
-        self.reader_scope: trio.CancelScope | None = None  # interrupts the idle reader's wait
-        self.idle_wake = _Doorbell()
         self.last_heard = 0.0
         self.broken = False
 
@@ -167,14 +162,15 @@ class _Link:
         await self.send_frame(p.encode(message))
 
     async def send_frame(self, frame: bytes) -> None:
-        """Send one frame. Uncontended, this does not yield at all on plain TCP (the
-        wait for the reply is the request's checkpoint) and only inside send_all
-        otherwise (a lock's acquire would add a pass through the scheduler)."""
+        """Send one frame (Unavailable if the connection is lost). Uncontended, this
+        does not yield at all on plain TCP (the wait for the reply is the request's
+        checkpoint); a lock's acquire would add a pass through the scheduler."""
         while self._sending:
             await self._send_turn.park()
         self._sending = True
         try:
-            await self.wire.send_all(frame)
+            with self.errors:
+                await self.wire.send_all(frame)
         finally:
             self._sending = False
             if self._send_turn:  # someone waits for its turn
@@ -197,9 +193,12 @@ class Client:
         self._opener = opener
         self.client_id = client_id or uuid.uuid4().hex
         self._clock = clock
-        self._skew_override = skew
-        self._cache = LeaseCache(skew=skew if skew is not None else 0.1, max_bytes=cache_bytes)
-        self._entries = self._cache.entries  # the hot path reads this directly
+        self._skew_override = None if skew is None else check_duration("skew", skew)
+        self._cache = LeaseCache(
+            skew=DEFAULT_SKEW if self._skew_override is None else self._skew_override,
+            max_bytes=cache_bytes,
+        )
+        self._hits = 0
         self.address = address
         self.epoch: str | None = None
         self._link: _Link | None = None
@@ -226,10 +225,9 @@ class Client:
     async def read(self, path: str) -> bytes:
         """The contents of ``path``: from the cache while a lease covers it, else from
         the server (which grants a new lease)."""
-        entry = self._entries.get(path)
-        if entry is not None and self._clock() < entry.expiry:
-            self._entries.move_to_end(path)
-            self._cache.hits += 1
+        entry = self._cache.lookup(path, self._clock())
+        if entry is not None:
+            self._hits += 1
             return entry.data
         return await self._read_miss(path)
 
@@ -344,15 +342,21 @@ class Client:
     def leased(self, path: str) -> StatResult | None:
         """The attributes of ``path`` as cached, if a trusted lease covers it now (no
         request: the lease that keeps the data current keeps its size current too)."""
-        entry = self._entries.get(path)
-        if entry is None or self._clock() >= entry.expiry:
+        entry = self._cache.lookup(path, self._clock())
+        if entry is None:
             return None
         return StatResult(path, entry.version, len(entry.data), False)
 
     @property
+    def cache(self) -> LeaseCache:
+        """The lease cache. Any thread may answer a read with ``cache.lookup(path,
+        now)`` (``now`` on this client's clock); only the client changes it."""
+        return self._cache
+
+    @property
     def stats(self) -> Mapping[str, int | float]:
         """Client-side counters: hits, misses, ... (a snapshot)."""
-        hits = self._cache.hits
+        hits = self._hits
         lookups = hits + self._counters["misses"]
         return {
             "hits": hits,
@@ -369,17 +373,15 @@ class Client:
 
     # ------------------------------------------------------------ reads
     async def _read_miss(self, path: str) -> bytes:
-        path = normalize(path)
+        normal = normalize(path)
+        if normal != path:  # another spelling of a path that may be cached
+            return await self.read(normal)
         entry = self._cache.get(path)
-        if entry is not None:  # the caller may have spelled a cached path another way
-            data = self._cache.lookup(path, self._clock())
-            if data is not None:
-                return data
         self._counters["misses"] += 1
         shared = self._inflight.get(path)
         if shared is not None:
             self._counters["reads_shared"] += 1
-            await shared.wait_done()
+            await shared.done.wait()
             if shared.error is None or isinstance(shared.error, FscacheError):
                 return self._read_result(shared)
             return await self._read_miss(path)  # its sender was cancelled: ask ourselves
@@ -395,9 +397,9 @@ class Client:
             have = request.have
             await self._send_request(link, request, lambda i: p.read_frame(i, path, have))
         except BaseException as exc:
-            if not request.finished:
+            if not request.done.is_set():
                 request.error = exc
-                request.finish()
+                request.done.set()
             raise
         finally:
             if self._inflight.get(path) is request:
@@ -449,126 +451,42 @@ class Client:
         link.waiting[request_id] = request
         try:
             await link.send_frame(frame)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            link.waiting.pop(request_id, None)
+            await request.done.wait()
+        except Unavailable:
             self._link_lost(link)
-            raise self._unavailable("connection lost while sending") from exc
-        try:
-            await self._await_reply(link, request)
+            raise
         finally:
             link.waiting.pop(request_id, None)
         if request.error is not None:
             raise _copy_error(request.error)
 
-    # ------------------------------------------------------------ reading
-    async def _await_reply(self, link: _Link, request: _Request) -> None:
-        """Wait for ``request``'s reply, reading the socket ourselves when nobody else
-        is; on leaving, hand the reading on to a follower or the idle reader."""
-        reads_itself = link.wire.interruptible  # else only the idle reader reads
-        try:
-            while not request.finished:
-                reader = link.reader
-                if reader is None and reads_itself:
-                    await self._receive_once(link, request)
-                elif reader is _IDLE and link.reader_scope is not None:
-                    self._interrupt_reader(link)  # we read from now on
-                else:
-                    request.wake = trio.Event()
-                    request.following = True
-                    try:
-                        await request.wake.wait()
-                    finally:
-                        request.following = False
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            log.debug("connection to %s lost: %s", self.address, exc)
-            self._link_lost(link)
-        except FscacheError as exc:  # the server closed it with an error, or sent garbage
-            log.warning("connection to %s closed: %s", self.address, exc)
-            self._link_lost(link)
-        finally:
-            if link.reader is None and not link.broken:
-                self._hand_off(link)
-
-    async def _receive_once(self, link: _Link, owner: object) -> None:
-        """Read once as ``owner`` and apply every whole frame that came."""
-        link.reader = owner
-        try:
-            data = await link.wire.receive()
-        finally:
-            if link.reader is owner:
-                link.reader = None
-        self._on_bytes(link, data)
-
-    def _on_bytes(self, link: _Link, data: bytes | bytearray | memoryview) -> None:
-        """Apply every whole frame in what was received; nothing received is EOF."""
-        if not data:
-            raise trio.BrokenResourceError("the server closed the connection")
-        decoder = link.decoder
-        decoder.feed(data)
-        on_message = self._on_message
-        while (message := decoder.next_message()) is not None:
-            on_message(link, message)
-
-    async def _idle_wait(self, link: _Link, wire: SocketWire) -> None:
-        """The idle reader's turn on an interruptible wire: wait for bytes where a
-        request may take the socket over (:meth:`_interrupt_reader`); read only if
-        none did."""
-        link.reader = _IDLE
-        try:
-            with trio.CancelScope() as scope:
-                link.reader_scope = scope
-                await wire.wait_readable()
-        finally:
-            if link.reader is _IDLE:
-                link.reader = None
-                link.reader_scope = None
-        if scope.cancel_called:  # even if the wait had already ended: not ours to read
-            return
-        data = wire.read_now()
-        if data is not None:
-            self._on_bytes(link, data)
-
-    def _interrupt_reader(self, link: _Link) -> None:
-        """Stop the idle reader's wait (it reads nothing after it): the role is free."""
-        scope = link.reader_scope
-        link.reader = None
-        link.reader_scope = None
-        if scope is not None:
-            scope.cancel()
-
-    def _hand_off(self, link: _Link) -> None:
-        """Nobody reads: wake the oldest follower to read, else the idle reader."""
-        for request in link.waiting.values():
-            if request.following and request.wake is not None:
-                request.wake.set()
-                return
-        link.idle_wake.ring()
-
-    async def _idle_reader(self, link: _Link) -> None:
-        """Read while no request's task does; returns when the server closes."""
-        while True:
-            if link.reader is not None:
-                await link.idle_wake.wait()
-                continue
-            wire = link.wire
-            try:
-                if isinstance(wire, SocketWire):
-                    await self._idle_wait(link, wire)
-                else:
-                    await self._receive_once(link, _IDLE)
-            except trio.BrokenResourceError:
-                return
-
     # ------------------------------------------------------------ the reader
-    def _on_message(self, link: _Link, message: p.Message) -> None:
-        """Apply one server frame, in arrival order."""
-        link.last_heard = self._clock()
-        if type(message) is p.ApprovalRequest:
-            self._cache.drop(message.path)  # drop first ...
-            self._inflight.pop(message.path, None)  # (no new reader joins an older answer)
-            self._counters["approvals"] += 1
-            self._nursery_start(self._approve, link, message)  # ... then approve
-            return
+    async def _read_link(self, link: _Link) -> None:
+        """The connection's one reader: apply every frame in arrival order, answering
+        an approval request before reading on. Returns when the server closes."""
+        decoder = link.decoder
+        on_reply = self._on_reply
+        with link.errors:
+            data: bytes | bytearray | memoryview = b""  # the frames that came with the welcome
+            while True:
+                decoder.feed(data)
+                while (message := decoder.next_message()) is not None:
+                    if type(message) is p.ApprovalRequest:
+                        self._cache.drop(message.path)  # drop first ...
+                        self._inflight.pop(message.path, None)  # (no reader joins an older answer)
+                        self._counters["approvals"] += 1
+                        await link.send(
+                            p.Approve(path=message.path, write=message.write)
+                        )  # ... then approve
+                    else:
+                        on_reply(link, message)
+                data = await link.wire.receive()
+                if not data:
+                    return
+                link.last_heard = self._clock()
+
+    def _on_reply(self, link: _Link, message: p.Message) -> None:
+        """Apply one reply (or the server's error) and wake the request it answers."""
         if type(message) is p.Error and message.id is None:
             raise error_for_code(message.code, message.message)
         request_id = getattr(message, "id", None)
@@ -579,7 +497,7 @@ class Client:
             else:
                 request.reply = message
                 self._apply_reply(request, message)
-            request.finish()
+            request.done.set()
         if not link.waiting:
             self._relinquished.clear()  # every later request is newer than these
 
@@ -616,48 +534,33 @@ class Client:
             self._to_relinquish.extend(evicted)
             self._relinquish_wake.set()
 
-    async def _approve(self, link: _Link, request: p.ApprovalRequest) -> None:
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            await link.send(p.Approve(path=request.path, write=request.write))
-
-    def _nursery_start(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
-        assert self._nursery is not None
-        self._nursery.start_soon(fn, *args)
-
     # ------------------------------------------------------------ connection management
     async def _connect_once(self) -> tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]:
         try:
-            with trio.fail_after(CONNECT_TIMEOUT):
+            with trio.fail_after(CONNECT_TIMEOUT), _TransportErrors(self, "cannot connect"):
                 stream = await self._opener()
         except trio.TooSlowError:
             raise self._unavailable("timed out connecting") from None
-        except (OSError, trio.BrokenResourceError) as exc:
-            if is_auth_failure(exc):
-                raise Unauthorized(f"TLS with {self.address} failed: {_ssl_reason(exc)}") from exc
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise self._unavailable(f"cannot connect: {reason or 'connection broken'}") from None
-        decoder = p.FrameDecoder()
+        decoder = p.FrameDecoder(DEFAULT_MAX_FRAME)
+        handshake = _TransportErrors(
+            self,
+            "connection closed during the handshake",
+            tls_handshake=isinstance(stream, trio.SSLStream),
+        )
         try:
-            with trio.fail_after(CONNECT_TIMEOUT):
+            with trio.fail_after(CONNECT_TIMEOUT), handshake:
                 await stream.send_all(
                     p.encode(p.Hello(version=p.PROTOCOL_VERSION, client_id=self.client_id))
                 )
                 while (message := decoder.next_message()) is None:
                     data = await stream.receive_some(256 * 1024)
                     if not data:
-                        raise trio.BrokenResourceError("closed during the handshake")
+                        raise trio.BrokenResourceError("the server closed the connection")
                     decoder.feed(data)
         except BaseException as exc:
             await trio.aclose_forcefully(stream)
             if isinstance(exc, trio.TooSlowError):
                 raise self._unavailable("no answer to the handshake") from None
-            if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError | OSError):
-                if isinstance(stream, trio.SSLStream) or is_auth_failure(exc):
-                    raise Unauthorized(
-                        f"{self.address} closed the TLS connection during the handshake; "
-                        "it probably refused our client certificate"
-                    ) from exc
-                raise self._unavailable("connection closed during the handshake") from exc
             raise
         if isinstance(message, p.Error):
             raise error_for_code(message.code, f"server refused the connection: {message.message}")
@@ -689,7 +592,7 @@ class Client:
     ) -> None:
         wire = wire_for(stream)
         with trio.CancelScope() as cancel:
-            link = _Link(wire, decoder, welcome, cancel)
+            link = _Link(wire, decoder, welcome, cancel, _TransportErrors(self, "connection lost"))
             link.last_heard = self._clock()
             if self._skew_override is None:
                 self._cache.skew = welcome.skew
@@ -701,12 +604,10 @@ class Client:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._watchdog, link)
                     nursery.start_soon(self._relinquisher, link)
-                    for message in decoder:  # frames that came with the welcome
-                        self._on_message(link, message)
-                    await self._idle_reader(link)
+                    await self._read_link(link)
                     cancel.cancel()
             # except*: whether the reader's error arrives bare or grouped by the nursery
-            except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as lost:
+            except* Unavailable as lost:
                 log.debug("connection to %s lost: %s", self.address, lost.exceptions[0])
             except* FscacheError as refused:
                 log.warning("connection to %s closed: %s", self.address, refused.exceptions[0])
@@ -727,8 +628,7 @@ class Client:
                 return
             if silent >= PING_AFTER:
                 self._next_id += 1
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await link.send(p.Ping(id=self._next_id))
+                await link.send(p.Ping(id=self._next_id))
 
     async def _relinquisher(self, link: _Link) -> None:
         """Give back the leases of evicted entries, in batches."""
@@ -756,9 +656,9 @@ class Client:
         if self._link is link:
             self._link = None
         for request in list(link.waiting.values()):
-            if not request.finished:
+            if not request.done.is_set():
                 request.error = self._unavailable("connection lost before the reply")
-                request.finish()
+                request.done.set()
         link.waiting.clear()
 
     async def _current_link(self) -> _Link:
@@ -848,7 +748,7 @@ def tcp_opener(host: str, port: int, ssl_context: ssl.SSLContext | None = None) 
 
 @contextlib.asynccontextmanager
 async def open_client(
-    host: str = "127.0.0.1",
+    host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     *,
     client_id: str | None = None,
@@ -886,4 +786,4 @@ async def open_client(
         raise body_error
 
 
-__all__ = ["Client", "StatResult", "open_client", "parse_address", "tcp_opener"]
+__all__ = ["DEFAULT_PORT", "Client", "StatResult", "open_client", "parse_address", "tcp_opener"]

@@ -10,12 +10,24 @@ from when the request was *sent*, not when the reply came back:
 two clocks run at rates within the skew allowance of each other the client
 stops trusting an entry before the server stops waiting for it.
 
-A hit is one dict lookup and one comparison with ``now``; nothing else. The
-entries live in an ``OrderedDict`` in least-recently-used order, bounded by the
-total size of their data. Evicted paths are returned so the caller can
-relinquish their leases (in batches). On an approval request the entry is
-dropped *before* the approval is sent; a version older than the one cached is
-never stored over it.
+The rule for a hit is :meth:`LeaseCache.lookup` and is written nowhere else: the
+entry if ``now`` is before its expiry, else nothing. On an approval request the
+entry is dropped *before* the approval is sent; a version older than the one
+cached is never stored over it.
+
+Threads: one thread (the owner: the client's trio loop) stores, extends, drops
+and evicts, and alone keeps the byte count; any thread may call :meth:`lookup`.
+The hit path is thread-safe because it reads one immutable entry with one
+``dict.get``, compares one float and records the use with one ``set.add``,
+while the owner installs or removes a whole entry with one dict operation each
+(and only reorders, never removes, to give a second chance), so a concurrent
+lookup sees the old entry or the new one (or none), never a half-made one.
+
+The cache is bounded by the total size of its data. Eviction is the CLOCK
+approximation of least-recently-used: the owner walks entries from the oldest
+stored; one used since the hand last passed it gets a second chance (moved to
+the newest end), any other is evicted. Evicted paths are returned so the caller
+can relinquish their leases (in batches).
 
 No I/O and no clock here: ``now`` is always an argument.
 """
@@ -41,9 +53,9 @@ class LeaseCache:
             raise ValueError("max_bytes must be >= 0")
         self.skew = skew
         self.max_bytes = max_bytes
-        self.entries: OrderedDict[str, Entry] = OrderedDict()
+        self.entries: OrderedDict[str, Entry] = OrderedDict()  # oldest stored first
+        self._used: set[str] = set()  # looked up since the eviction hand passed them
         self.nbytes = 0
-        self.hits = 0
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -52,21 +64,19 @@ class LeaseCache:
     def __contains__(self, path: object) -> bool:
         return path in self.entries
 
-    def lookup(self, path: str, now: float) -> bytes | None:
-        """The cached data if a trusted lease covers ``now``, else None."""
+    def lookup(self, path: str, now: float) -> Entry | None:
+        """The entry of ``path`` if a trusted lease covers ``now``, else None: a hit.
+
+        Safe to call from any thread (see the theory note)."""
         entry = self.entries.get(path)
         if entry is not None and now < entry.expiry:
-            self.entries.move_to_end(path)
-            self.hits += 1
-            return entry.data
+            self._used.add(path)
+            return entry
         return None
 
     def get(self, path: str) -> Entry | None:
         """The entry, trusted or not (its version serves a not-modified revalidation)."""
         return self.entries.get(path)
-
-    def expiry_for(self, term: float, sent_at: float) -> float:
-        return sent_at + term - self.skew
 
     def store(self, path: str, data: bytes, version: int, term: float, sent_at: float) -> list[str]:
         """Cache ``data`` under a lease of ``term`` granted to a request sent at
@@ -74,19 +84,21 @@ class LeaseCache:
         old = self.entries.get(path)
         if old is not None and old.version > version:
             return []  # a newer version is cached already: never go back
-        expiry = self.expiry_for(term, sent_at)
+        expiry = self._expiry(term, sent_at)
         if expiry <= sent_at or len(data) > self.max_bytes:
             self.drop(path)  # term too short to trust (or data too big): do not cache
             return [path] if old is not None else []
-        self._put(path, Entry(data, version, expiry))
-        return self._evict(keep=path)
+        self.entries[path] = Entry(data, version, expiry)  # replaces a whole entry
+        self.entries.move_to_end(path)
+        self.nbytes += len(data) - (len(old.data) if old is not None else 0)
+        return self._evict(keep=path) if self.nbytes > self.max_bytes else []
 
     def extend(self, path: str, version: int, term: float, sent_at: float) -> bool:
         """A not-modified or extension reply for ``version``: push the expiry on."""
         entry = self.entries.get(path)
         if entry is None or entry.version != version:
             return False
-        expiry = self.expiry_for(term, sent_at)
+        expiry = self._expiry(term, sent_at)
         if expiry <= sent_at:
             self.drop(path)
             return False
@@ -99,32 +111,30 @@ class LeaseCache:
         entry = self.entries.pop(path, None)
         if entry is None:
             return False
+        self._used.discard(path)
         self.nbytes -= len(entry.data)
         return True
 
     def clear(self) -> list[str]:
         paths = list(self.entries)
-        self.entries.clear()
-        self.nbytes = 0
+        for path in paths:
+            self.drop(path)
         return paths
 
-    def expired(self, now: float) -> list[str]:
-        """Paths whose lease is no longer trusted."""
-        return [path for path, entry in self.entries.items() if now >= entry.expiry]
-
-    def _put(self, path: str, entry: Entry) -> None:
-        old = self.entries.pop(path, None)
-        if old is not None:
-            self.nbytes -= len(old.data)
-        self.entries[path] = entry
-        self.nbytes += len(entry.data)
+    def _expiry(self, term: float, sent_at: float) -> float:
+        return sent_at + term - self.skew
 
     def _evict(self, keep: str) -> list[str]:
         evicted = []
+        entries, used = self.entries, self._used
+        chances = len(entries)  # bounded, though another thread may mark entries used meanwhile
         while self.nbytes > self.max_bytes:
-            path = next(iter(self.entries))
-            if path == keep:
-                break
+            path = next(iter(entries))
+            if path == keep or (chances > 0 and path in used):
+                chances -= 1
+                used.discard(path)
+                entries.move_to_end(path)  # a second chance (the new entry: always)
+                continue
             self.drop(path)
             self.evictions += 1
             evicted.append(path)

@@ -8,6 +8,10 @@ until ``sent_at + term - skew`` exactly, and not an instant longer.
 from __future__ import annotations
 
 import math
+import random
+import sys
+import threading
+import time
 
 import pytest
 
@@ -22,6 +26,11 @@ def just_before(t: float) -> float:
 
 def cache(max_bytes: int = 1 << 20) -> LeaseCache:
     return LeaseCache(skew=SKEW, max_bytes=max_bytes)
+
+
+def hit(c: LeaseCache, path: str, now: float) -> bytes | None:
+    entry = c.lookup(path, now)
+    return None if entry is None else entry.data
 
 
 def expiry_of(c: LeaseCache, path: str) -> float:
@@ -44,19 +53,18 @@ def test_lookup_hits_before_expiry_and_misses_at_and_after_it() -> None:
     c = cache()
     c.store("p", b"data", version=1, term=10.0, sent_at=5.0)
 
-    assert c.lookup("p", now=5.0) == b"data"
-    assert c.lookup("p", now=just_before(14.9)) == b"data"
-    assert c.lookup("p", now=14.9) is None
-    assert c.lookup("p", now=20.0) is None
-    assert c.lookup("other", now=5.0) is None
-    assert c.hits == 2
+    assert hit(c, "p", now=5.0) == b"data"
+    assert hit(c, "p", now=just_before(14.9)) == b"data"
+    assert hit(c, "p", now=14.9) is None
+    assert hit(c, "p", now=20.0) is None
+    assert hit(c, "other", now=5.0) is None
 
 
 def test_an_expired_entry_is_kept_for_revalidation() -> None:
     c = cache()
     c.store("p", b"data", version=3, term=10.0, sent_at=0.0)
 
-    assert c.lookup("p", now=30.0) is None
+    assert hit(c, "p", now=30.0) is None
     entry = c.get("p")
     assert entry is not None and entry.version == 3  # its version goes in the next read
 
@@ -67,7 +75,7 @@ def test_a_term_not_longer_than_the_skew_is_not_cached(term: float) -> None:
 
     assert c.store("p", b"data", version=1, term=term, sent_at=5.0) == []
     assert "p" not in c
-    assert c.lookup("p", now=5.0) is None
+    assert hit(c, "p", now=5.0) is None
     assert c.nbytes == 0
 
 
@@ -86,8 +94,8 @@ def test_a_term_just_over_the_skew_is_cached_briefly() -> None:
 
     entry = c.get("p")
     assert entry is not None and entry.expiry == 1.0 + 0.25 - SKEW
-    assert c.lookup("p", now=1.1) == b"data"
-    assert c.lookup("p", now=1.15) is None
+    assert hit(c, "p", now=1.1) == b"data"
+    assert hit(c, "p", now=1.15) is None
 
 
 # ---------------------------------------------------------------- versions and extension
@@ -96,7 +104,7 @@ def test_an_older_version_never_overwrites_a_newer_one() -> None:
     c.store("p", b"v2", version=2, term=10.0, sent_at=1.0)
 
     assert c.store("p", b"v1", version=1, term=10.0, sent_at=2.0) == []  # a late reply
-    assert c.lookup("p", now=2.0) == b"v2"
+    assert hit(c, "p", now=2.0) == b"v2"
     entry = c.get("p")
     assert entry is not None and (entry.version, entry.expiry) == (2, 10.9)
 
@@ -108,7 +116,7 @@ def test_the_same_or_a_newer_version_replaces_the_entry() -> None:
     c.store("p", b"v1", version=1, term=10.0, sent_at=4.0)
     assert expiry_of(c, "p") == 13.9
     c.store("p", b"v2!", version=2, term=10.0, sent_at=5.0)
-    assert c.lookup("p", now=5.0) == b"v2!"
+    assert hit(c, "p", now=5.0) == b"v2!"
     assert c.nbytes == 3
 
 
@@ -158,9 +166,19 @@ def test_a_hit_makes_an_entry_most_recently_used() -> None:
     c.store("b", b"bbbb", version=1, term=10.0, sent_at=0.0)
     c.store("c", b"cc", version=1, term=10.0, sent_at=0.0)
 
-    assert c.lookup("a", now=1.0) == b"aaaa"
+    assert hit(c, "a", now=1.0) == b"aaaa"
     assert c.store("d", b"ddddd", version=1, term=10.0, sent_at=1.0) == ["b", "c"]
-    assert list(c.entries) == ["a", "d"]
+    assert list(c.entries) == ["d", "a"]  # "a" got its second chance after "d" came
+
+
+def test_a_second_chance_is_spent_once() -> None:
+    c = cache(max_bytes=8)
+    c.store("a", b"aaaa", version=1, term=10.0, sent_at=0.0)
+    c.store("b", b"bbbb", version=1, term=10.0, sent_at=0.0)
+    assert hit(c, "a", now=1.0) == b"aaaa"
+
+    assert c.store("c", b"cc", version=1, term=10.0, sent_at=1.0) == ["b"]
+    assert c.store("d", b"ddddd", version=1, term=10.0, sent_at=1.0) == ["c", "a"]
 
 
 def test_a_miss_does_not_refresh_recency() -> None:
@@ -168,7 +186,7 @@ def test_a_miss_does_not_refresh_recency() -> None:
     c.store("a", b"aaaa", version=1, term=1.0, sent_at=0.0)
     c.store("b", b"bbbb", version=1, term=10.0, sent_at=0.0)
 
-    assert c.lookup("a", now=5.0) is None  # expired
+    assert hit(c, "a", now=5.0) is None  # expired
     assert c.store("c", b"c", version=1, term=10.0, sent_at=5.0) == ["a"]
 
 
@@ -194,14 +212,14 @@ def test_max_bytes_must_not_be_negative() -> None:
         LeaseCache(skew=SKEW, max_bytes=-1)
 
 
-# ---------------------------------------------------------------- drop, clear, expired
+# ---------------------------------------------------------------- drop, clear
 def test_drop_forgets_a_path_and_says_whether_it_was_cached() -> None:
     c = cache()
     c.store("p", b"data", version=1, term=10.0, sent_at=0.0)
 
     assert c.drop("p") is True
     assert c.drop("p") is False
-    assert c.lookup("p", now=0.0) is None
+    assert hit(c, "p", now=0.0) is None
     assert (c.nbytes, len(c)) == (0, 0)
 
 
@@ -214,11 +232,74 @@ def test_clear_forgets_everything_and_returns_the_paths() -> None:
     assert (c.nbytes, len(c)) == (0, 0)
 
 
-def test_expired_lists_the_paths_whose_lease_is_no_longer_trusted() -> None:
-    c = cache()
-    c.store("a", b"a", version=1, term=10.0, sent_at=0.0)  # trusted until 9.9
-    c.store("b", b"b", version=1, term=10.0, sent_at=5.0)  # trusted until 14.9
+# ---------------------------------------------------------------- threads
+def test_hits_on_one_thread_race_stores_evictions_and_drops_on_another_safely() -> None:
+    """The blocking client's situation: its caller's thread answers hits while the
+    loop thread stores, evicts and drops. For several seconds, with the interpreter
+    switching threads as often as it can: no exception, every entry whole, no entry
+    of a version dropped before the lookup began, and the byte count exact at the end."""
+    paths = [f"f{i}" for i in range(32)]
+    c = cache(max_bytes=16 * 20)  # room for about half of them: evictions all along
+    dropped = dict.fromkeys(paths, 0)  # path: the newest version dropped (published after)
+    stop = threading.Event()
+    problems: list[str] = []
+    hits = 0
 
-    assert c.expired(now=just_before(9.9)) == []
-    assert c.expired(now=9.9) == ["a"]
-    assert c.expired(now=14.9) == ["a", "b"]
+    def body(path: str, version: int) -> bytes:
+        return f"{path}:{version}".encode().ljust(16 + version % 8, b".")
+
+    def hammer_hits() -> None:
+        nonlocal hits
+        try:
+            while not stop.is_set():
+                for path in paths:
+                    floor = dropped[path]
+                    entry = c.lookup(path, time.monotonic())
+                    if entry is None:
+                        continue
+                    hits += 1
+                    if entry.version <= floor:
+                        problems.append(f"{path} v{entry.version} after v{floor} was dropped")
+                    if entry.data != body(path, entry.version):
+                        problems.append(f"{path} v{entry.version} holds {entry.data!r}")
+        except Exception as exc:  # pragma: no cover - the failure this test looks for
+            problems.append(repr(exc))
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    reader = threading.Thread(target=hammer_hits)
+    reader.start()
+    version = dict.fromkeys(paths, 0)
+    stores = drops = 0
+    rng = random.Random(7)
+    try:
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and not problems:
+            path = rng.choice(paths)
+            if rng.random() < 0.25:
+                if c.drop(path):  # an approval request: drop, then publish
+                    dropped[path] = version[path]
+                    drops += 1
+            else:
+                version[path] += 1
+                c.store(path, body(path, version[path]), version[path], 10.0, time.monotonic())
+                stores += 1
+    finally:
+        stop.set()
+        reader.join()
+        sys.setswitchinterval(switch)
+
+    assert problems == []
+    assert stores > 10_000 and drops > 1_000 and c.evictions > 1_000 and hits > 10_000
+    assert c.nbytes == sum(len(entry.data) for entry in c.entries.values()) <= c.max_bytes
+    assert all(entry.data == body(path, entry.version) for path, entry in c.entries.items())
+
+
+def test_when_every_older_entry_was_used_the_new_one_still_stays_and_the_bound_holds() -> None:
+    c = cache(max_bytes=8)
+    c.store("a", b"aaaa", version=1, term=10.0, sent_at=0.0)
+    c.store("b", b"bbbb", version=1, term=10.0, sent_at=0.0)
+    assert hit(c, "a", now=1.0) == b"aaaa" and hit(c, "b", now=1.0) == b"bbbb"
+
+    assert c.store("c", b"cc", version=1, term=10.0, sent_at=1.0) == ["a"]
+    assert (list(c.entries), c.nbytes) == (["b", "c"], 6)
