@@ -265,6 +265,153 @@ class ApprovalRequest(Message):
     write: int
 
 
+# ------------------------------------------------ client to server: names, directories, ranges
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReadRange(Message):
+    """Read ``length`` bytes of ``path`` from ``offset`` under the file's read lease (the
+    same lease as :class:`Read`). Answered with :class:`Chunk`, or :class:`NotModified`
+    when ``have`` is the current version (every cached chunk of it stays good)."""
+
+    TYPE: ClassVar[str] = "read_range"
+    id: int
+    path: str
+    offset: int
+    length: int
+    have: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UploadBegin(Message):
+    """Open an upload to ``path``: a private temp file beside it, owned by this
+    connection and named by this request's ``id`` (the upload id). Answered with Done."""
+
+    TYPE: ClassVar[str] = "upload_begin"
+    id: int
+    path: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UploadPart(Message):
+    """Append ``data`` to upload ``upload``; ``offset`` is the bytes sent before it.
+    Answered with Done once the bytes are in the temp file."""
+
+    TYPE: ClassVar[str] = "upload_part"
+    id: int
+    upload: int
+    offset: int
+    data: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UploadCommit(Message):
+    """Apply upload ``upload`` as one atomic whole-file write under the lease rules
+    (compare-and-set with ``if_version``). Answered with Written."""
+
+    TYPE: ClassVar[str] = "upload_commit"
+    id: int
+    upload: int
+    if_version: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UploadAbort(Message):
+    """Drop upload ``upload`` and its temp file. Answered with Done."""
+
+    TYPE: ClassVar[str] = "upload_abort"
+    id: int
+    upload: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WriteRange(Message):
+    """Write ``data`` into ``path`` at ``offset``, in place, under the lease rules;
+    durable before the Written reply. Creates the file if it is missing."""
+
+    TYPE: ClassVar[str] = "write_range"
+    id: int
+    path: str
+    offset: int
+    data: bytes
+    if_version: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Truncate(Message):
+    """Cut or extend ``path`` to ``size`` bytes under the lease rules. Answered with Written."""
+
+    TYPE: ClassVar[str] = "truncate"
+    id: int
+    path: str
+    size: int
+    if_version: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rename(Message):
+    """Move ``src`` to ``dst`` atomically, as POSIX ``rename(2)``: a write on both names
+    and on the directories whose listings change. Answered with Written (dst's version)."""
+
+    TYPE: ClassVar[str] = "rename"
+    id: int
+    src: str
+    dst: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MkDir(Message):
+    TYPE: ClassVar[str] = "mkdir"
+    id: int
+    path: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RmDir(Message):
+    TYPE: ClassVar[str] = "rmdir"
+    id: int
+    path: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScanDir(Message):
+    """List directory ``path`` and take a lease on its listing (the directory key).
+    Answered with :class:`Entries`, or :class:`NotModified` when ``have`` is current."""
+
+    TYPE: ClassVar[str] = "scandir"
+    id: int
+    path: str
+    have: int | None = None
+
+
+# ------------------------------------------------ server to client: names, directories, ranges
+@dataclasses.dataclass(frozen=True, slots=True)
+class Chunk(Message):
+    """Bytes ``[offset, offset + len(data))`` of a file of ``size`` bytes at ``version``,
+    with a read lease of ``term`` (the reply to :class:`ReadRange`, and to :class:`Read`
+    of a file larger than one chunk: then ``data`` is its first chunk)."""
+
+    TYPE: ClassVar[str] = "chunk"
+    id: int
+    version: int
+    term: float
+    size: int
+    data: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entries(Message):
+    """A directory's listing at ``version`` under a lease of ``term`` on it; parallel
+    arrays sorted by name."""
+
+    TYPE: ClassVar[str] = "entries"
+    id: int
+    version: int
+    term: float
+    names: list[str]
+    dirs: list[bool]
+    sizes: list[int]
+    versions: list[int]
+
+
 CLIENT_MESSAGES: tuple[type[Message], ...] = (
     Hello,
     Read,
@@ -278,6 +425,17 @@ CLIENT_MESSAGES: tuple[type[Message], ...] = (
     GetStats,
     Ping,
     Goodbye,
+    ReadRange,
+    UploadBegin,
+    UploadPart,
+    UploadCommit,
+    UploadAbort,
+    WriteRange,
+    Truncate,
+    Rename,
+    MkDir,
+    RmDir,
+    ScanDir,
 )
 SERVER_MESSAGES: tuple[type[Message], ...] = (
     Welcome,
@@ -291,6 +449,8 @@ SERVER_MESSAGES: tuple[type[Message], ...] = (
     StatsResult,
     Error,
     ApprovalRequest,
+    Chunk,
+    Entries,
 )
 
 # ---------------------------------------------------------------- the generic path: field checks
