@@ -11,10 +11,6 @@ writes with one non-blocking ``write`` (waiting for writability only when the
 kernel's buffer is full) and reads after ``trio.lowlevel.wait_readable`` -- one
 pass per message, which is also the checkpoint. TLS and in-memory streams (tests)
 go through :class:`StreamWire`, which is the plain trio stream.
-
-A wire is *interruptible* when a task waiting in :meth:`receive` may be cancelled
-without losing bytes (nothing is consumed until the wait is over); the client uses
-that to let the task that waits for a reply read it itself (see ``fscache.client``).
 """
 
 from __future__ import annotations
@@ -28,8 +24,6 @@ RECEIVE_SIZE = 64 * 1024  # per read; a bigger frame simply takes several reads
 
 
 class Wire(Protocol):
-    interruptible: bool
-
     async def receive(self) -> bytes | bytearray | memoryview:
         """The next bytes received (valid until the next call), or empty at EOF."""
         ...
@@ -41,8 +35,6 @@ class Wire(Protocol):
 
 class StreamWire:
     """Any trio stream (TLS, memory streams in tests)."""
-
-    interruptible = False
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
@@ -64,8 +56,6 @@ class SocketWire:
     read or write touches the descriptor number again, which the kernel may by then
     have given to another file. Errors come out as trio's stream errors."""
 
-    interruptible = True
-
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
         self.fd = stream.socket.fileno()
@@ -79,10 +69,6 @@ class SocketWire:
             data = self.read_now()
             if data is not None:
                 return data
-
-    async def wait_readable(self) -> None:
-        """Until bytes (or EOF) can be read; reads nothing, so it may be cancelled."""
-        await trio.lowlevel.wait_readable(self.fd)
 
     def read_now(self) -> memoryview | None:
         """What the kernel has now (empty at EOF), or None if nothing has come."""
