@@ -213,6 +213,9 @@ class Client:
         self._relinquish_wake = trio.Event()
         self._closing = False
         self._nursery: trio.Nursery | None = None
+        # Awaited with the path of each approval request after its entry is dropped and
+        # before the approval is sent: the mount clears the kernel's copy here.
+        self.before_approval: list[Callable[[str], Awaitable[None]]] = []
         self._counters: dict[str, int] = dict.fromkeys(
             (
                 "misses", "not_modified", "reads_shared", "writes", "deletes",
@@ -348,6 +351,11 @@ class Client:
         if entry is None or self._clock() >= entry.expiry:
             return None
         return StatResult(path, entry.version, len(entry.data), False)
+
+    def lease_remaining(self, path: str) -> float:
+        """Seconds the lease on ``path`` is still trusted (0.0 if none)."""
+        entry = self._entries.get(path)
+        return max(0.0, entry.expiry - self._clock()) if entry is not None else 0.0
 
     @property
     def stats(self) -> Mapping[str, int | float]:
@@ -617,6 +625,8 @@ class Client:
             self._relinquish_wake.set()
 
     async def _approve(self, link: _Link, request: p.ApprovalRequest) -> None:
+        for hook in self.before_approval:
+            await hook(request.path)
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             await link.send(p.Approve(path=request.path, write=request.write))
 
