@@ -655,7 +655,10 @@ async def mount(
         raise FscacheError("this process already has a mount (pyfuse3 allows one)")
     if os.path.ismount(mountpoint):  # (not ours: we have none, so this cannot wait on us)
         raise FscacheError(f"{mountpoint} is already a mount point")
-    options = set(pyfuse3.default_options)
+    # Not pyfuse3's default_permissions: modes are not stored and only the mounting
+    # user can reach the mount, while that option costs a getattr of every directory
+    # on a path at each open (directories have no leases, so each is a round trip).
+    options = set(pyfuse3.default_options) - {"default_permissions"}
     options |= {f"fsname=fscache:{client.address}", "subtype=fscache"}
     if debug:
         options.add("debug")
