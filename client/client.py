@@ -212,6 +212,9 @@ class Client:
         self._relinquish_wake = trio.Event()
         self._closing = False
         self._nursery: trio.Nursery | None = None
+        # Awaited with the path of each approval request after its entry is dropped and
+        # before the approval is sent: the mount clears the kernel's copy here.
+        self.before_approval: list[Callable[[str], Awaitable[None]]] = []
         self._counters: dict[str, int] = dict.fromkeys(
             (
                 "misses", "not_modified", "reads_shared", "writes", "deletes",
@@ -347,6 +350,11 @@ class Client:
             return None
         return StatResult(path, entry.version, len(entry.data), False)
 
+    def lease_remaining(self, path: str) -> float:
+        """Seconds the lease on ``path`` is still trusted (0.0 if none)."""
+        entry = self._cache.get(path)
+        return max(0.0, entry.expiry - self._clock()) if entry is not None else 0.0
+
     @property
     def cache(self) -> LeaseCache:
         """The lease cache. Any thread may answer a read with ``cache.lookup(path,
@@ -475,6 +483,8 @@ class Client:
                         self._cache.drop(message.path)  # drop first ...
                         self._inflight.pop(message.path, None)  # (no reader joins an older answer)
                         self._counters["approvals"] += 1
+                        for hook in self.before_approval:  # e.g. the mount's kernel cache
+                            await hook(message.path)
                         await link.send(
                             p.Approve(path=message.path, write=message.write)
                         )  # ... then approve

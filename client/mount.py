@@ -6,15 +6,58 @@ pyfuse3 serves kernel requests as trio tasks, so the file system and the async
 client share one trio loop: a ``read(2)`` of a file under a live lease is a dict
 lookup in the client's cache, and a write waits for approvals like any other.
 
-Consistency stays the lease cache's job, never the kernel's: every attribute and
-entry is returned with timeout 0 and every file is opened with ``direct_io``, so
-the kernel keeps no pages and asks us each time. A read at offset 0 fetches the
-file from the client (a cache hit while the lease lasts); reads further on serve
-the same copy, so a reader sees one version from start to end, and a reader that
-starts again after another client's write sees the new contents. A leased file's
-size and version come from the cache as well. Directories have no leases: each
-lookup of one asks the server (a round trip per directory on a path), and while
-the server is unreachable those lookups fail with EIO rather than guess.
+The kernel caches a file exactly as long as the client's lease lets the client
+cache it, so a cached ``open``/``read``/``close`` is answered from the kernel's
+page cache with two short calls into this process (open and flush):
+
+- Attributes and the name's entry are returned with a timeout of the lease's
+  remaining time (:meth:`Client.lease_remaining`: the local expiry, which already
+  has the skew taken off), 0 without a lease, for directories (they have no
+  leases) and for a file with an unflushed buffer.
+- Pages: files are opened without ``direct_io`` (so ``mmap`` works), with
+  ``keep_cache`` only when the client holds a lease on the very version the
+  kernel's pages hold (``_paged``); otherwise the kernel drops its pages at open.
+- Lease expiry: libfuse asks for ``auto_inval_data``, so a read through the page
+  cache after the attribute timeout makes the kernel ask for the attributes again
+  and drop its pages if the version (mtime) or size changed. For a file whose
+  pages the kernel holds, that ``getattr`` revalidates with a read (a not-modified
+  round trip that renews the lease) rather than a bare stat.
+- Approval requests: the client calls :meth:`FscacheOperations.before_approval`
+  after dropping its entry and awaits it before it sends the approval. It
+  invalidates the kernel's pages, attributes and name entry and returns when the
+  kernel has done so.
+
+Why the kernel never serves a page after the approval has gone out. A page
+enters the page cache locked and is filled by a READ answered here. The hook
+first, before it yields, forgets every handle's snapshot, so from then on a
+READ of the file is answered only by the client, whose entry is gone: it waits
+at the server, which applies the write first, and gets the new data. A READ
+answered with old data before that moment either completed before the
+invalidation starts, or still holds its page locked, and the invalidation waits
+for that lock; either way the invalidation removes the page, and the approval is
+sent only after it returns. Cached attributes and the name entry go with the
+same call, so the next ``stat`` or ``open`` asks us too. Without a lease there is
+no approval: the kernel's timeouts end no later than the lease (its deadline is
+the reply's arrival plus the remaining time, a few microseconds and at most a
+clock tick after ours), well inside the ``2 * skew`` by which the server outlasts
+the client's expiry.
+
+The price of that order: a READ or lookup of the file that arrives during the
+invalidation waits at the server for a write that waits for this approval, while
+the invalidation waits for that READ's page; the write then goes ahead when the
+lease runs out at the server, which ends the wait. It needs a kernel request for
+the file in the microseconds between the approval request and the end of the
+invalidation.
+
+A read at offset 0 fetches the file from the client (a cache hit while the lease
+lasts); reads further on serve the same copy until an approval request for the
+file. Directories have no leases: each lookup of one asks the server (a round
+trip per directory on a path), and while the server is unreachable those lookups
+fail with EIO rather than guess.
+
+Each kind of server change maps to the kernel in one place, :meth:`_invalidate`
+(pages, attributes, the name in its parent): new operations that change names
+(rename, mkdir on the server) call it for every path they touch.
 
 fscache writes whole files, so writes are buffered per open file (shared by all
 handles on one inode) and written through on ``close`` (flush), ``fsync`` and
@@ -32,7 +75,13 @@ Not supported, on purpose
 - Modes, owners and times are not stored: files are 0644, directories 0755, owned
   by the mounting user; mtime is the version (an mtime in ns). ``chmod``, ``chown``
   and ``utime`` succeed and change nothing. No links, symlinks, special files,
-  xattrs. ``mmap`` is refused by the kernel on ``direct_io`` files.
+  xattrs.
+- A writable shared ``mmap`` is written back like ``write(2)``: the kernel sends
+  the dirty pages on ``msync`` and on close, and the file goes out whole on the
+  flush that follows.
+- FUSE's no-open mode (ENOSYS from ``open``, so cached opens never reach us)
+  is not used: pyfuse3 hands ``read``, ``write`` and ``flush`` a file handle but
+  not the inode, and without ``open`` every handle is 0.
 - Concurrent writers through different mounts: the last close wins (whole-file
   writes, as with the client's ``write``). A new file is visible, empty, from
   ``create`` until its first close.
@@ -103,6 +152,7 @@ _ERRNO: tuple[tuple[type[FscacheError], int], ...] = (
     (TooLarge, errno.EFBIG),
     (Unauthorized, errno.EACCES),
 )
+MIXED = -1  # in ``_paged``: the kernel may hold pages of more than one version
 STAT_CONCURRENCY = 32  # stat requests in flight while listing one directory
 BLOCK_SIZE = 4096
 _mounted = False  # pyfuse3 holds one session per process
@@ -141,6 +191,7 @@ class _Handle:
     inode: int
     append: bool
     snapshot: bytes | None = None  # what reads past offset 0 are served from
+    version: int = MIXED  # the snapshot's version (MIXED: not known)
 
 
 class FscacheOperations(Operations):
@@ -161,6 +212,9 @@ class FscacheOperations(Operations):
         self._listings: dict[int, tuple[str, list[tuple[str, StatResult]]]] = {}
         self._next_handle = 1
         self._local_dirs: dict[str, int] = {}  # mkdir'd here, not yet on the server: ctime ns
+        self._paged: dict[int, int] = {}  # inode: the version of the pages the kernel may hold
+        self._invalidations = 0  # approval requests seen: a read spanning one is MIXED
+        client.before_approval.append(self.before_approval)
         self._uid = os.getuid()
         self._gid = os.getgid()
 
@@ -214,6 +268,11 @@ class FscacheOperations(Operations):
         leased = self._client.leased(path)  # the lease keeps size and version current too
         if leased is not None:
             return leased
+        if inode is not None and inode in self._paged:  # the kernel asks whether its
+            await self._client.read(path)  # pages are current: renew the lease too
+            leased = self._client.leased(path)
+            if leased is not None:
+                return leased
         try:
             st = await self._client.stat(path)
         except NotFound:
@@ -235,9 +294,18 @@ class FscacheOperations(Operations):
         attrs.st_blksize = BLOCK_SIZE
         attrs.st_blocks = -(-st.size // 512)
         attrs.st_atime_ns = attrs.st_ctime_ns = attrs.st_mtime_ns = st.version
-        attrs.attr_timeout = 0  # the kernel asks us every time: consistency is the
-        attrs.entry_timeout = 0  # lease cache's job, not the kernel's
+        attrs.attr_timeout = attrs.entry_timeout = self._kernel_term(inode, st)
         return attrs
+
+    def _kernel_term(self, inode: int, st: StatResult) -> float:
+        """How long the kernel may keep ``st``: what is left of the lease on exactly
+        this version; 0 for a directory, an unflushed buffer or no lease."""
+        if st.is_dir or (inode in self._open and self._open[inode].data is not None):
+            return 0.0
+        leased = self._client.leased(st.path)
+        if leased is None or leased.version != st.version:
+            return 0.0
+        return self._client.lease_remaining(st.path)
 
     async def lookup(
         self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext
@@ -261,6 +329,7 @@ class FscacheOperations(Operations):
                 self._lookups[inode] = left
                 continue
             self._lookups.pop(inode, None)  # (the kernel holds a lookup on every open file)
+            self._paged.pop(inode, None)
             path = self._path_of.pop(inode, None)
             if path is not None and self._inode_of.get(path) == inode:
                 del self._inode_of[path]
@@ -399,8 +468,11 @@ class FscacheOperations(Operations):
                 _changed(open_file)
             fh = self._new_handle()
             self._handles[fh] = _Handle(inode, append=bool(flags & os.O_APPEND))
-            # direct_io: no page cache, so no read is ever answered with stale pages
-            return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
+            leased = self._client.leased(open_file.path)
+            keep = leased is not None and self._paged.get(inode) == leased.version
+            if not keep:
+                self._paged.pop(inode, None)  # the kernel drops its pages now
+            return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=keep)
 
     async def create(
         self,
@@ -426,9 +498,18 @@ class FscacheOperations(Operations):
             handle = self._handles[fh]
             open_file = self._open[handle.inode]
             if open_file.data is not None:
+                self._paged[handle.inode] = MIXED  # pages the server does not have yet
                 return bytes(open_file.data[off : off + size])
             if off == 0 or handle.snapshot is None:
-                handle.snapshot = await self._client.read(open_file.path)
+                seen = self._invalidations
+                data = await self._client.read(open_file.path)
+                leased = self._client.leased(open_file.path)
+                handle.snapshot = data
+                handle.version = MIXED
+                if leased is not None and seen == self._invalidations:
+                    handle.version = leased.version  # the entry ``data`` came from
+            held = self._paged.get(handle.inode, handle.version)
+            self._paged[handle.inode] = handle.version if held == handle.version else MIXED
             return handle.snapshot[off : off + size]
 
     async def write(self, fh: FileHandleT, off: int, buf: bytes) -> int:
@@ -486,6 +567,36 @@ class FscacheOperations(Operations):
     ) -> None:
         raise pyfuse3.FUSEError(errno.EXDEV)  # no atomic rename in fscache: callers copy and delete
 
+    # ------------------------------------------------------------ the kernel's copy
+    async def before_approval(self, path: str) -> None:
+        """The client got an approval request for ``path`` and dropped its entry: clear
+        the kernel's copy before the approval goes out (see the theory note)."""
+        self._invalidations += 1
+        inode = self._inode_of.get(path)
+        if inode is None:
+            return  # the kernel has forgotten it: it holds no pages, no entry
+        for handle in self._handles.values():
+            if handle.inode == inode:
+                handle.snapshot = None  # before any yield: no old data from now on
+        await self._invalidate(path, inode)
+
+    async def _invalidate(self, path: str, inode: int) -> None:
+        """Make the kernel forget ``path``'s pages, attributes and name. In a worker
+        thread: the kernel may wait for requests only this trio loop can answer."""
+        parent, _, name = path.rpartition("/")
+        parent_inode = self._inode_of.get(parent)
+        self._paged.pop(inode, None)
+
+        def forget() -> None:
+            with contextlib.suppress(OSError):  # ENOENT: the kernel has forgotten it
+                pyfuse3.invalidate_inode(inode, attr_only=False)
+            if parent_inode is not None:
+                with contextlib.suppress(OSError):
+                    pyfuse3.invalidate_entry(parent_inode, name.encode("utf-8"))
+
+        await trio.to_thread.run_sync(forget)
+        self._paged.pop(inode, None)  # (pages read meanwhile were read during it)
+
     async def _loaded(self, open_file: _OpenFile) -> bytearray:
         """The local copy to write into, read from the server on first use."""
         if open_file.data is None:
@@ -506,6 +617,9 @@ class FscacheOperations(Operations):
         if open_file.changes == changes:  # else a write came in meanwhile: still dirty
             open_file.dirty = False
             open_file.data = None  # reads go back to the client (and its leases)
+        inode = self._inode_of.get(open_file.path)
+        if inode is not None:  # its cached mtime is the old version's
+            await self._invalidate(open_file.path, inode)
 
 
 def _changed(open_file: _OpenFile) -> None:
@@ -541,7 +655,10 @@ async def mount(
         raise FscacheError("this process already has a mount (pyfuse3 allows one)")
     if os.path.ismount(mountpoint):  # (not ours: we have none, so this cannot wait on us)
         raise FscacheError(f"{mountpoint} is already a mount point")
-    options = set(pyfuse3.default_options)
+    # Not pyfuse3's default_permissions: modes are not stored and only the mounting
+    # user can reach the mount, while that option costs a getattr of every directory
+    # on a path at each open (directories have no leases, so each is a round trip).
+    options = set(pyfuse3.default_options) - {"default_permissions"}
     options |= {f"fsname=fscache:{client.address}", "subtype=fscache"}
     if debug:
         options.add("debug")

@@ -148,7 +148,7 @@ async def test_another_clients_writes_are_read_through_the_mount_never_stale(mnt
     await other.write("shared.txt", b"version three, the longest")
     assert await on_mount(read_file, mnt / "shared.txt") == b"version three, the longest"
 
-    # An open descriptor has no stale pages either: pread at 0 asks fscache again.
+    # An open descriptor has no stale pages either: they went with the approval.
     fd = await on_mount(os.open, mnt / "shared.txt", os.O_RDONLY)
     try:
         assert await on_mount(os.pread, fd, 100, 0) == b"version three, the longest"
@@ -179,6 +179,59 @@ async def test_overwrite_append_and_truncate_through_the_mount(mnt, other):
     assert await other.read("f.txt") == b"short\0\0\0\0\0!"
 
 
+async def test_a_write_elsewhere_reads_new_at_once_though_the_kernel_had_it_cached(mnt, other):
+    await other.write("cached.txt", b"old contents")
+    path = mnt / "cached.txt"
+    for _ in range(3):  # leased: the second and third come from the kernel's page cache
+        assert await on_mount(read_file, path) == b"old contents"
+    fd = await on_mount(os.open, path, os.O_RDONLY)  # an open descriptor with pages
+    try:
+        assert await on_mount(os.pread, fd, 100, 0) == b"old contents"
+        await other.write("cached.txt", b"new, and longer than before")
+        # The mount invalidated the kernel's pages and attributes before it approved.
+        assert await on_mount(read_file, path) == b"new, and longer than before"
+        assert (await on_mount(os.stat, path)).st_size == len(b"new, and longer than before")
+        assert await on_mount(os.pread, fd, 100, 0) == b"new, and longer than before"
+    finally:
+        await on_mount(os.close, fd)
+
+
+async def in_child(script: str, *args: object) -> bytes:
+    """Run ``script`` in another process: a page fault on a mapped file holds the GIL
+    until this process's trio loop has answered it, so it cannot happen here."""
+    argv = [sys.executable, "-c", script, *map(str, args)]
+    done = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout
+
+
+MAP_AND_READ = """
+import mmap, sys
+with open(sys.argv[1], "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+    sys.stdout.buffer.write(m[int(sys.argv[2]) : int(sys.argv[3])])
+"""
+
+
+async def test_mmap_reads_a_leased_file(mnt, other):
+    await other.write("mapped.bin", b"0123456789" * 1000)
+    assert await in_child(MAP_AND_READ, mnt / "mapped.bin", 9990, 10000) == b"0123456789"
+    await other.write("mapped.bin", b"changed")
+    assert await in_child(MAP_AND_READ, mnt / "mapped.bin", 0, 100) == b"changed"
+
+
+async def test_a_shared_writable_mmap_is_written_back_on_msync(mnt, other):
+    await other.write("w.bin", b"a" * 8192)
+    poke = """
+import mmap, sys
+with open(sys.argv[1], "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+    m[4096:4100] = b"MMAP"
+    m.flush()  # msync: the dirty page goes out, then fsync writes the file through
+    sys.stdout.buffer.write(b"synced")
+"""
+    assert await in_child(poke, mnt / "w.bin") == b"synced"
+    assert await other.read("w.bin") == b"a" * 4096 + b"MMAP" + b"a" * 4092
+
+
 # ---------------------------------------------------------------- names and attributes
 async def test_ls_stat_unlink_and_enoent(mnt, other):
     version = await other.write("docs/a.txt", b"12345")
@@ -193,7 +246,7 @@ async def test_ls_stat_unlink_and_enoent(mnt, other):
     assert (st.st_size, st.st_mtime_ns) == (5, version)
     assert (await on_mount(os.stat, mnt / "docs")).st_mode == 0o40755
 
-    await other.write("docs/a.txt", b"123")  # attributes are never cached either
+    await other.write("docs/a.txt", b"123")  # cached attributes go with the approval
     assert (await on_mount(os.stat, mnt / "docs" / "a.txt")).st_size == 3
 
     await on_mount(os.unlink, mnt / "docs" / "a.txt")
