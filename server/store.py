@@ -138,12 +138,24 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from time import time_ns
 
-from fscache.errors import BadPath, Conflict, FscacheError, IsADirectory, NotFound, TooLarge
+from fscache.errors import (
+    BadPath,
+    Conflict,
+    Exists,
+    FscacheError,
+    IsADirectory,
+    NotADirectory,
+    NotEmpty,
+    NotFound,
+    ProtocolError,
+    TooLarge,
+)
 from fscache.paths import RESERVED_PREFIX
 
-__all__ = ["TEMP_PREFIX", "Store"]
+__all__ = ["TEMP_PREFIX", "Facts", "Store", "Upload"]
 
 TEMP_PREFIX = RESERVED_PREFIX + "-tmp-"
 """Name prefix of the store's temp files; anything with it is garbage after a crash."""
@@ -159,6 +171,10 @@ _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONB
 _NOATIME = getattr(os, "O_NOATIME", 0)
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY
+# In-place writes; NONBLOCK: a FIFO swapped in fails (ENXIO) instead of blocking.
+_UPDATE_FLAGS = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+# The moved inode in a rename, opened only to restamp it (file or directory).
+_STAMP_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 _FLOOR_KEEP_NS = 3600 * 10**9
 """Floors older than this (by the wall clock) may be dropped once there are many."""
@@ -184,6 +200,39 @@ class _Cached:
         self.key = key
         self.version = key[3]  # st_mtime_ns
         self.data = data
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What is at a path right now (:meth:`Store.facts`): the lease rules' facts."""
+
+    exists: bool
+    is_dir: bool
+
+
+_ABSENT = Facts(exists=False, is_dir=False)
+
+
+class Upload:
+    """A streamed whole-file write in progress (see "Uploads" above).
+
+    Made by :meth:`Store.upload_begin`; ended by :meth:`Store.upload_commit` or
+    :meth:`Store.upload_abort` (or by a failed part), after which it is ``closed``.
+    """
+
+    __slots__ = ("_dir_fd", "_fd", "_temp", "path", "received")
+
+    def __init__(self, path: str, dir_fd: int, temp: str, fd: int) -> None:
+        self.path = path
+        self.received = 0
+        """Bytes written so far: the offset the next part must have."""
+        self._dir_fd = dir_fd  # the directory the temp file was made in
+        self._temp = temp  # its name there
+        self._fd = fd
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
 
 
 class _PathLock:
@@ -241,6 +290,7 @@ class Store:
         self._unsettled: list[tuple[int, str, os.stat_result, bytes, int | None]] = []
         self._openat2: Callable[[str, int], int] | None = _beneath_opener(real)
         self._read_flags = _READ_FLAGS | _NOATIME  # until O_NOATIME is refused
+        self._file_mode = _default_file_mode()  # what a committed upload gets, as write's files
         self.recover()
 
     # ------------------------------------------------------------------ public
@@ -367,7 +417,7 @@ class Store:
                 floor = self._floors.get(full, 0)
             tmp, fd = self._open_temp(os.path.dirname(full), path)
             try:
-                version = _replace_durably(tmp, fd, full, data, minimum=max(old, floor) + 1)
+                version = self._replace_durably(tmp, fd, full, data, minimum=max(old, floor) + 1)
             except OSError as exc:
                 raise _translate(exc, "write", path) from None
             finally:
@@ -403,7 +453,7 @@ class Store:
             self._forget(path, full)
             self._raise_floor(full, st.st_mtime_ns)
             try:
-                _fsync_dir(os.path.dirname(full))
+                self._dir_changed_at(os.path.dirname(full))
             except OSError as exc:
                 raise _translate(exc, "delete", path) from None
 
@@ -413,7 +463,7 @@ class Store:
         state = os.path.join(self.root, RESERVED_PREFIX)
         tmp, fd = self._open_temp(state, name)
         try:
-            _replace_durably(tmp, fd, os.path.join(state, name), data, minimum=0)
+            self._replace_durably(tmp, fd, os.path.join(state, name), data, minimum=0)
         except OSError as exc:
             raise _translate(exc, "write", name) from None
 
@@ -459,7 +509,400 @@ class Store:
         names.sort()
         return names
 
+    # ------------------------------------------------------ confined operations
+    # Each opens the parent directory beneath the root (no symlink on the way) and
+    # works on the last name with *at calls: see "Confinement" above.
+
+    def facts(self, path: str) -> Facts:
+        """Whether ``path`` exists now and is a directory (``""``, the root, is one).
+        A symlink or special file exists and is not a directory."""
+        if not path:
+            return Facts(exists=True, is_dir=True)
+        try:
+            with self._in_parent(path, "look up") as (dir_fd, name):
+                st = _lstat_at(dir_fd, name)
+        except NotFound:
+            return _ABSENT
+        except OSError as exc:
+            raise _translate(exc, "look up", path) from None
+        if st is None:
+            return _ABSENT
+        return Facts(exists=True, is_dir=stat_mod.S_ISDIR(st.st_mode))
+
+    def read_range(self, path: str, offset: int, length: int) -> tuple[int, int, bytes]:
+        """``(version, size, data)``: bytes ``[offset, min(offset + length, size))`` of
+        the file, its version and whole size, all from one open descriptor (see Reads)."""
+        if offset < 0 or length < 0:
+            raise ProtocolError(f"cannot read {path!r}: offset and length must be >= 0")
+        fd, _ = self._open_for_read(path)
+        try:
+            st = os.fstat(fd)
+            version = _regular_file_version(st, "read", path)
+            data = _pread_all(fd, max(0, min(length, st.st_size - offset)), offset)
+        except OSError as exc:
+            raise _translate(exc, "read", path) from None
+        finally:
+            os.close(fd)
+        return version, st.st_size, data
+
+    def upload_begin(self, path: str) -> Upload:
+        """Start a streamed write of the whole file ``path``: a private temp file
+        beside it (its directory must exist). Nothing is visible until commit."""
+        dir_fd, name = self._open_parent(path, "upload")
+        try:
+            st = _lstat_at(dir_fd, name)
+            if st is not None and stat_mod.S_ISDIR(st.st_mode):
+                raise IsADirectory(f"cannot upload {path!r}: it is a directory")
+            temp = TEMP_PREFIX + secrets.token_hex(8)
+            fd = os.open(temp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
+        except BaseException as exc:
+            os.close(dir_fd)
+            if isinstance(exc, OSError):
+                raise _translate(exc, "upload", path) from None
+            raise
+        return Upload(path, dir_fd, temp, fd)
+
+    def upload_part(self, upload: Upload, offset: int, data: bytes) -> None:
+        """Write ``data`` at ``offset``, which must be the bytes received so far. A
+        failed part (a full disk) ends the upload and removes its temp file."""
+        self._check_open(upload)
+        if offset != upload.received:
+            raise ProtocolError(
+                f"upload of {upload.path!r}: part at offset {offset}, expected {upload.received}"
+            )
+        try:
+            _pwrite_all(upload._fd, data, offset)
+        except OSError as exc:
+            self.upload_abort(upload)
+            raise _translate(exc, "upload", upload.path) from None
+        upload.received += len(data)
+
+    def upload_sync(self, upload: Upload) -> None:
+        """fsync the data received so far: the slow part of a commit, which may run
+        before the lease rules allow the write (commit then only stamps and renames)."""
+        self._check_open(upload)
+        try:
+            os.fsync(upload._fd)
+        except OSError as exc:
+            self.upload_abort(upload)
+            raise _translate(exc, "upload", upload.path) from None
+
+    def upload_commit(self, upload: Upload, if_version: int | None = None) -> int:
+        """Put the upload in place of the file at its path; return the new version.
+
+        Same order and guarantees as :meth:`write` (stamp, fsync, rename, directory
+        restamp and fsync), the same compare-and-set. The upload ends either way:
+        on any error (:class:`Conflict`, :class:`IsADirectory`, ...) it is removed.
+        """
+        self._check_open(upload)
+        path = upload.path
+        full = self._prefix + path
+        try:
+            with self._in_parent(path, "write") as (dir_fd, name), self._locked(full):
+                old = self._file_version_at(dir_fd, name, "write", path)
+                if if_version is not None and if_version != old:
+                    raise Conflict(f"cannot write {path!r}: its version is {old}, not {if_version}")
+                with self._mutex:
+                    floor = self._floors.get(full, 0)
+                fd, upload._fd = upload._fd, -1
+                try:
+                    version = _stamp(fd, max(old, floor) + 1)
+                    os.fchmod(fd, self._file_mode)
+                    os.fsync(fd)  # cheap after upload_sync: the inode only
+                finally:
+                    os.close(fd)
+                self._install(upload._dir_fd, upload._temp, dir_fd, self._dir_key(path), name)
+                self._forget(path, full)
+                with self._mutex:
+                    self._floors.pop(full, None)
+        except BaseException as exc:
+            self.upload_abort(upload)
+            if isinstance(exc, OSError):
+                raise _translate(exc, "write", path) from None
+            raise
+        os.close(upload._dir_fd)
+        return version
+
+    def upload_abort(self, upload: Upload) -> None:
+        """End the upload and remove its temp file; a no-op on an ended one."""
+        if upload._dir_fd < 0:
+            return
+        if upload._fd >= 0:
+            with suppress(OSError):
+                os.close(upload._fd)
+            upload._fd = -1
+        with suppress(OSError):  # if it stays, recover() removes it at the next start
+            os.unlink(upload._temp, dir_fd=upload._dir_fd)
+        with suppress(OSError):
+            os.close(upload._dir_fd)
+        upload._dir_fd = -1
+
+    def write_range(
+        self, path: str, offset: int, data: bytes, if_version: int | None = None
+    ) -> int:
+        """Write ``data`` at ``offset`` in the file, in place (creating it if missing;
+        its directory must exist); return the new version, once durable (see
+        "In-place writes" above: not atomic against a crash)."""
+        if offset < 0:
+            raise ProtocolError(f"cannot write {path!r}: offset must be >= 0, not {offset}")
+
+        def change(fd: int) -> None:
+            if data:
+                _reserve(fd, offset, len(data))
+                _pwrite_all(fd, data, offset)
+
+        return self._update_in_place(path, "write", if_version, change)
+
+    def truncate(self, path: str, size: int, if_version: int | None = None) -> int:
+        """Cut or extend (with zeros) the file to ``size`` bytes, in place, creating it
+        if missing; return the new version, once durable."""
+        if size < 0:
+            raise ProtocolError(f"cannot truncate {path!r}: size must be >= 0, not {size}")
+
+        def change(fd: int) -> None:
+            os.ftruncate(fd, size)
+
+        return self._update_in_place(path, "truncate", if_version, change)
+
+    def rename(self, src: str, dst: str) -> int:
+        """Move ``src`` to ``dst`` as POSIX ``rename(2)`` does, within the root, durably;
+        return the version now at ``dst`` (a file's, or the directory's).
+
+        A file replaces a file atomically, a directory replaces an empty directory.
+        :class:`NotFound` (``src``, or ``dst``'s directory, missing),
+        :class:`IsADirectory` (file over directory), :class:`NotADirectory`
+        (directory over file), :class:`NotEmpty`, :class:`BadPath` (the root, a
+        reserved name, ``dst`` beneath ``src``).
+        """
+        if dst.startswith(src + "/"):
+            raise BadPath(f"cannot rename {src!r} to {dst!r}: a directory cannot go inside itself")
+        src_full, dst_full = self._prefix + src, self._prefix + dst
+        with (
+            self._in_parent(src, "rename") as (src_dir, src_name),
+            self._in_parent(dst, "rename") as (dst_dir, dst_name),
+            self._locked(src_full, dst_full),
+        ):
+            src_st = _lstat_at(src_dir, src_name)
+            if src_st is None:
+                raise NotFound(f"cannot rename {src!r}: it does not exist")
+            is_dir = _file_or_dir(src_st, "rename", src)
+            dst_st = _lstat_at(dst_dir, dst_name)
+            if src == dst:
+                return src_st.st_mtime_ns
+            if dst_st is not None and _file_or_dir(dst_st, "rename over", dst) != is_dir:
+                if is_dir:
+                    raise NotADirectory(f"cannot rename directory {src!r} over file {dst!r}")
+                raise IsADirectory(f"cannot rename file {src!r} over directory {dst!r}")
+            src_key = self._dir_key(src) if is_dir else src_full
+            dst_key = self._dir_key(dst) if is_dir else dst_full
+            with self._mutex:
+                floor = self._floors.get(dst_key, 0)
+            minimum = max(floor, dst_st.st_mtime_ns if dst_st is not None else 0) + 1
+            try:
+                fd = os.open(src_name, _STAMP_FLAGS, dir_fd=src_dir)
+                try:
+                    if os.fstat(fd).st_mtime_ns < minimum:  # see "Renames" above
+                        _stamp(fd, minimum)
+                        os.fsync(fd)
+                    os.rename(src_name, dst_name, src_dir_fd=src_dir, dst_dir_fd=dst_dir)
+                    if is_dir and os.fstat(fd).st_mtime_ns < minimum:  # ".." moved it
+                        _stamp(fd, minimum)
+                        os.fsync(fd)
+                    version = os.fstat(fd).st_mtime_ns
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise _rename_error(exc, src, dst) from None
+            self._forget(src, src_full)
+            self._forget(dst, dst_full)
+            self._raise_floor(src_key, src_st.st_mtime_ns)
+            with self._mutex:
+                self._floors.pop(dst_full, None)
+            try:
+                self._dir_changed(src_dir, self._dir_key(_parent_of(src)))
+                if _parent_of(src) != _parent_of(dst):
+                    self._dir_changed(dst_dir, self._dir_key(_parent_of(dst)))
+            except OSError as exc:
+                raise _translate(exc, "rename", src) from None
+            return version
+
+    def mkdir(self, path: str) -> int:
+        """Make the directory ``path`` (its parent must exist), durably; return its
+        version. :class:`Exists` if anything is there already."""
+        full = self._prefix + path
+        with self._in_parent(path, "mkdir") as (dir_fd, name), self._locked(full):
+            try:
+                os.mkdir(name, 0o777, dir_fd=dir_fd)
+            except OSError as exc:
+                raise _translate(exc, "mkdir", path) from None
+            try:
+                fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
+                try:
+                    version = self._restamp(fd, self._dir_key(path))
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
+            except OSError as exc:
+                with suppress(OSError):
+                    os.rmdir(name, dir_fd=dir_fd)
+                raise _translate(exc, "mkdir", path) from None
+            return version
+
+    def rmdir(self, path: str) -> None:
+        """Remove the empty directory ``path``, durably. :class:`NotEmpty`,
+        :class:`NotADirectory`, :class:`NotFound`."""
+        full = self._prefix + path
+        with self._in_parent(path, "rmdir") as (dir_fd, name), self._locked(full):
+            st = _lstat_at(dir_fd, name)
+            if st is None:
+                raise NotFound(f"cannot rmdir {path!r}: it does not exist")
+            if not stat_mod.S_ISDIR(st.st_mode):
+                raise NotADirectory(f"cannot rmdir {path!r}: it is not a directory")
+            try:
+                os.rmdir(name, dir_fd=dir_fd)
+                self._raise_floor(self._dir_key(path), st.st_mtime_ns)
+                self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
+            except OSError as exc:
+                raise _translate(exc, "rmdir", path) from None
+
+    def scandir(self, path: str) -> tuple[int, list[tuple[str, bool, int, int]]]:
+        """``(version, [(name, is_dir, size, version), ...])`` of the directory ``path``
+        (``""`` is the root), sorted by name; a directory's size is 0.
+
+        Shown: files and directories with UTF-8 names. Hidden: the store's own
+        names, symlinks (the confined operations never follow one), special files.
+        The directory's version is read before its entries (see "Directories").
+        """
+        try:
+            fd = self._open_dir(path)
+        except OSError as exc:
+            if exc.errno == errno.ENOTDIR and self.facts(path).exists:
+                raise NotADirectory(f"cannot list {path!r}: it is a file") from None
+            raise _translate(exc, "list", path) from None
+        entries: list[tuple[str, bool, int, int]] = []
+        try:
+            version = os.fstat(fd).st_mtime_ns
+            with os.scandir(fd) as found:
+                for entry in found:
+                    name = entry.name
+                    if name.startswith(RESERVED_PREFIX) or not _is_utf8(name):
+                        continue
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:  # vanished while we looked
+                        continue
+                    if stat_mod.S_ISDIR(st.st_mode):
+                        entries.append((name, True, 0, st.st_mtime_ns))
+                    elif stat_mod.S_ISREG(st.st_mode):
+                        entries.append((name, False, st.st_size, st.st_mtime_ns))
+        except OSError as exc:
+            raise _translate(exc, "list", path) from None
+        finally:
+            os.close(fd)
+        entries.sort()
+        return version, entries
+
     # ----------------------------------------------------------------- helpers
+    def _open_dir(self, rel: str) -> int:
+        """A descriptor (``O_RDONLY | O_DIRECTORY``) of the directory ``rel`` (``""``:
+        the root), reached beneath the root with no symlink on the way, by the kernel
+        (``openat2``) or, without it, one ``O_NOFOLLOW`` step per name. Raises OSError
+        (ELOOP for a symlink on the way)."""
+        if self._openat2 is not None:
+            try:
+                return self._openat2(rel or ".", _DIR_FLAGS)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSYS, errno.EPERM):
+                    raise
+                self._openat2 = None  # not here: never again
+        fd = os.open(self.root, _DIR_FLAGS)
+        for name in rel.split("/") if rel else ():
+            try:
+                step = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            finally:
+                os.close(fd)
+            fd = step
+        return fd
+
+    def _open_parent(self, path: str, op: str) -> tuple[int, str]:
+        """``(descriptor of the parent directory, last name)`` of ``path`` (see
+        :meth:`_open_dir`): what every confined operation works on. :class:`BadPath`
+        for the root or a reserved name, :class:`NotFound` if the parent is missing."""
+        if not path:
+            raise BadPath(f"cannot {op} the root")
+        if RESERVED_PREFIX in path and any(
+            part.startswith(RESERVED_PREFIX) for part in path.split("/")
+        ):
+            raise BadPath(f"cannot {op} {path!r}: the name is reserved for the store")
+        head, _, name = path.rpartition("/")
+        try:
+            return self._open_dir(head), name
+        except OSError as exc:
+            raise _translate(exc, op, path) from None
+
+    @contextmanager
+    def _in_parent(self, path: str, op: str) -> Iterator[tuple[int, str]]:
+        """:meth:`_open_parent`, closed on leaving."""
+        dir_fd, name = self._open_parent(path, op)
+        try:
+            yield dir_fd, name
+        finally:
+            os.close(dir_fd)
+
+    def _dir_key(self, rel: str) -> str:
+        """The lock and floor key of the directory ``rel``: its real path and a ``/``."""
+        return os.path.join(self.root, rel, "")
+
+    def _file_version_at(self, dir_fd: int, name: str, op: str, path: str) -> int:
+        """The version of the file ``name`` in ``dir_fd``: 0 if absent; refuse others."""
+        st = _lstat_at(dir_fd, name)
+        return 0 if st is None else _regular_file_version(st, op, path)
+
+    def _update_in_place(
+        self, path: str, op: str, if_version: int | None, change: Callable[[int], None]
+    ) -> int:
+        """``change(fd)`` on the file (created if missing), a new version, fsync; the
+        directory restamped and fsynced if the file is new (see "In-place writes")."""
+        full = self._prefix + path
+        with self._in_parent(path, op) as (dir_fd, name), self._locked(full):
+            old = self._file_version_at(dir_fd, name, op, path)
+            if if_version is not None and if_version != old:
+                raise Conflict(f"cannot {op} {path!r}: its version is {old}, not {if_version}")
+            with self._mutex:
+                floor = self._floors.get(full, 0)
+            created = old == 0
+            try:
+                flags = _UPDATE_FLAGS | (os.O_CREAT | os.O_EXCL if created else 0)
+                fd = os.open(name, flags, 0o666, dir_fd=dir_fd)
+            except OSError as exc:
+                raise _translate(exc, op, path) from None
+            try:
+                try:
+                    change(fd)
+                    version = _stamp(fd, max(old, floor) + 1)
+                    os.fsync(fd)  # data and inode (the new mtime) in one go
+                finally:
+                    os.close(fd)
+                if created:
+                    self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
+            except BaseException as exc:
+                if created:  # no stray file: the name was never acknowledged
+                    with suppress(OSError):
+                        os.unlink(name, dir_fd=dir_fd)
+                if isinstance(exc, OSError):
+                    raise _translate(exc, op, path) from None
+                raise
+            finally:
+                self._forget(path, full)
+            with self._mutex:
+                self._floors.pop(full, None)
+            return version
+
+    @staticmethod
+    def _check_open(upload: Upload) -> None:
+        if upload.closed:
+            raise ProtocolError(f"the upload of {upload.path!r} has ended")
 
     def _open_for_read(self, path: str) -> tuple[int, bool]:
         """An open descriptor for ``path``, known to lie under the root, and whether
@@ -562,21 +1005,32 @@ class Store:
         return full
 
     @contextmanager
-    def _locked(self, full: str) -> Iterator[None]:
-        """Serialise writes and deletes of one path (compare-and-set must be atomic)."""
+    def _locked(self, *fulls: str) -> Iterator[None]:
+        """Serialise the changes of each path (compare-and-set must be atomic). Several
+        paths (a rename) are locked in sorted order, so two callers never deadlock."""
+        keys = sorted(set(fulls))
         with self._mutex:
-            entry = self._locks.get(full)
-            if entry is None:
-                entry = self._locks[full] = _PathLock()
-            entry.users += 1
+            entries = []
+            for key in keys:
+                entry = self._locks.get(key)
+                if entry is None:
+                    entry = self._locks[key] = _PathLock()
+                entry.users += 1
+                entries.append(entry)
+        held: list[_PathLock] = []
         try:
-            with entry.lock:
-                yield
+            for entry in entries:
+                entry.lock.acquire()
+                held.append(entry)
+            yield
         finally:
+            for entry in reversed(held):
+                entry.lock.release()
             with self._mutex:
-                entry.users -= 1
-                if entry.users == 0:
-                    del self._locks[full]
+                for key, entry in zip(keys, entries, strict=True):
+                    entry.users -= 1
+                    if entry.users == 0:
+                        del self._locks[key]
 
     def _version_for_write(self, full: str, path: str) -> int:
         """The version ``write`` replaces: 0 if absent; refuse directories."""
@@ -618,17 +1072,74 @@ class Store:
                         f"{child[len(self._prefix) :]!r} is a file, not a directory"
                     ) from None
             else:
-                _fsync_dir(current)  # the new entry in ``current`` is durable
+                self._dir_changed_at(current)  # the new entry in ``current`` is durable
             current = child
 
-    def _raise_floor(self, full: str, version: int) -> None:
+    def _raise_floor(self, key: str, version: int) -> None:
         with self._mutex:
-            if version > self._floors.get(full, 0):
-                self._floors[full] = version
-            if len(self._floors) > self._prune_at:
-                cutoff = time_ns() - _FLOOR_KEEP_NS
-                self._floors = {k: v for k, v in self._floors.items() if v >= cutoff}
-                self._prune_at = max(_FLOOR_PRUNE_MIN, 2 * len(self._floors))
+            self._raise_floor_locked(key, version)
+
+    def _raise_floor_locked(self, key: str, version: int) -> None:
+        if version > self._floors.get(key, 0):
+            self._floors[key] = version
+        if len(self._floors) > self._prune_at:
+            cutoff = time_ns() - _FLOOR_KEEP_NS
+            self._floors = {k: v for k, v in self._floors.items() if v >= cutoff}
+            self._prune_at = max(_FLOOR_PRUNE_MIN, 2 * len(self._floors))
+
+    def _restamp(self, fd: int, key: str) -> int:
+        """Give the directory (or file) open as ``fd`` a version above its current
+        mtime and above every version this store gave ``key`` (see "Directories")."""
+        with self._mutex:
+            floor = max(os.fstat(fd).st_mtime_ns, self._floors.get(key, 0))
+            version = _stamp(fd, floor + 1)
+            self._raise_floor_locked(key, version)
+        return version
+
+    def _dir_changed(self, dir_fd: int, key: str) -> None:
+        """After a change to the names in the directory ``dir_fd`` (lock key ``key``):
+        a new directory version, then fsync, so the change and the version are durable."""
+        self._restamp(dir_fd, key)
+        os.fsync(dir_fd)
+
+    def _dir_changed_at(self, full_dir: str) -> None:
+        """:meth:`_dir_changed` for a directory named by its real absolute path."""
+        fd = os.open(full_dir, _DIR_FLAGS)
+        try:
+            self._dir_changed(fd, os.path.join(full_dir, ""))
+        finally:
+            os.close(fd)
+
+    def _replace_durably(self, tmp: str, fd: int, full: str, data: bytes, *, minimum: int) -> int:
+        """Steps 2-5 of a write (see "Writes" above) for the temp file ``tmp`` open as
+        ``fd`` (closed here): see :func:`_fill` and :meth:`_install`."""
+        version = _fill(tmp, fd, data, minimum=minimum)
+        parent = os.path.dirname(full)
+        try:
+            dir_fd = os.open(parent, _DIR_FLAGS)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        try:
+            key = os.path.join(parent, "")
+            self._install(dir_fd, os.path.basename(tmp), dir_fd, key, os.path.basename(full))
+        finally:
+            os.close(dir_fd)
+        return version
+
+    def _install(self, tmp_dir: int, tmp: str, dir_fd: int, key: str, name: str) -> None:
+        """Rename the stamped, fsynced temp file ``tmp`` (in directory ``tmp_dir``) onto
+        ``name`` in ``dir_fd``, then restamp and fsync that directory (and the temp's
+        own, if another). Raises OSError; a temp file that was not renamed is removed."""
+        try:
+            os.rename(tmp, name, src_dir_fd=tmp_dir, dst_dir_fd=dir_fd)
+        except BaseException:
+            with suppress(OSError):  # if it stays, recover() removes it at the next start
+                os.unlink(tmp, dir_fd=tmp_dir)
+            raise
+        self._dir_changed(dir_fd, key)
+        if tmp_dir != dir_fd:
+            os.fsync(tmp_dir)
 
 
 # --------------------------------------------------------------------- functions
@@ -655,8 +1166,9 @@ def _beneath_opener(root: str) -> Callable[[str, int], int] | None:
                     ("resolve", ctypes.c_uint64))  # fmt: skip
 
     resolve = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS
-    hows = {  # by open flags: the two the store uses, built once
-        flags: OpenHow(flags, 0, resolve) for flags in (_READ_FLAGS, _READ_FLAGS | _NOATIME)
+    hows = {  # by open flags: the three the store uses, built once
+        flags: OpenHow(flags, 0, resolve)
+        for flags in (_READ_FLAGS, _READ_FLAGS | _NOATIME, _DIR_FLAGS)
     }
     refs = {flags: ctypes.byref(how) for flags, how in hows.items()}
     how_size = ctypes.sizeof(OpenHow)
@@ -705,10 +1217,18 @@ def _translate(exc: OSError, op: str, path: str) -> FscacheError:
         return NotFound(f"cannot {op} {path!r}: it does not exist")
     if code == errno.EISDIR:
         return IsADirectory(f"cannot {op} {path!r}: it is a directory")
+    if code in (errno.ENOTEMPTY, errno.EEXIST):
+        if code == errno.EEXIST:
+            return Exists(f"cannot {op} {path!r}: it exists")
+        return NotEmpty(f"cannot {op} {path!r}: the directory is not empty")
+    if code == errno.EFBIG:
+        return TooLarge(f"cannot {op} {path!r}: larger than the file system allows")
     if code in (errno.ELOOP, errno.ENAMETOOLONG):
         return BadPath(f"cannot {op} {path!r}: {exc.strerror}")
     if code in (errno.ENOSPC, errno.EDQUOT):
         return FscacheError(f"cannot {op} {path!r}: the store's disk is full")
+    if code == errno.EIO:
+        return FscacheError(f"cannot {op} {path!r}: the store's disk failed (I/O error)")
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
         return FscacheError(f"cannot {op} {path!r}: the store may not ({exc.strerror})")
     return FscacheError(f"cannot {op} {path!r}: {exc.strerror or exc} (errno {code})")
@@ -750,11 +1270,10 @@ def _stamp(fd: int, minimum: int) -> int:
     raise FscacheError("the store's file system cannot record a new version (mtime)")
 
 
-def _replace_durably(tmp: str, fd: int, full: str, data: bytes, *, minimum: int) -> int:
-    """Steps 2-5 of a write (see "Writes" above): ``data`` into the temp file ``tmp``
-    open as ``fd`` (closed here), a version stamp >= ``minimum``, fsync, rename onto
-    ``full``, fsync of the directory. Returns the version; raises OSError, and then
-    leaves no temp file behind."""
+def _fill(tmp: str, fd: int, data: bytes, *, minimum: int) -> int:
+    """Steps 2-3 of a write (see "Writes" above): ``data`` into the temp file ``tmp``
+    open as ``fd`` (closed here), a version stamp >= ``minimum``, fsync. Returns the
+    version; raises OSError, and then leaves no temp file behind."""
     try:
         try:
             _write_all(fd, data)
@@ -762,20 +1281,10 @@ def _replace_durably(tmp: str, fd: int, full: str, data: bytes, *, minimum: int)
             os.fsync(fd)  # data and inode (the new mtime) in one go
         finally:
             os.close(fd)
-        os.replace(tmp, full)
     except BaseException:
         _unlink_quietly(tmp)
         raise
-    _fsync_dir(os.path.dirname(full))
     return version
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, _DIR_FLAGS)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink_quietly(path: str) -> None:
@@ -791,3 +1300,82 @@ def _is_utf8(name: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    """``lstat`` of ``name`` in the directory ``dir_fd``; None if there is nothing."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _file_or_dir(st: os.stat_result, op: str, path: str) -> bool:
+    """Whether ``st`` is a directory; FscacheError unless a directory or regular file."""
+    if stat_mod.S_ISDIR(st.st_mode):
+        return True
+    if stat_mod.S_ISREG(st.st_mode):
+        return False
+    raise FscacheError(f"cannot {op} {path!r}: not a regular file or directory")
+
+
+def _parent_of(path: str) -> str:
+    return path.rpartition("/")[0]
+
+
+def _rename_error(exc: OSError, src: str, dst: str) -> FscacheError:
+    """The fscache error for ``rename(2)``'s errno once both parents are open."""
+    code = exc.errno
+    if code == errno.ENOTDIR:
+        return NotADirectory(f"cannot rename {src!r} over {dst!r}: not a directory")
+    if code == errno.EINVAL:
+        return BadPath(f"cannot rename {src!r} to {dst!r}: {exc.strerror}")
+    if code == errno.EXDEV:
+        return FscacheError(f"cannot rename {src!r} to {dst!r}: they are on two file systems")
+    return _translate(exc, "rename", src)
+
+
+def _pread_all(fd: int, size: int, offset: int) -> bytes:
+    """Up to ``size`` bytes at ``offset`` (fewer only at the end of the file)."""
+    data = os.pread(fd, size, offset)
+    if len(data) < size:
+        chunks = [data]
+        got = len(data)
+        while got < size:
+            chunk = os.pread(fd, size - got, offset + got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        data = b"".join(chunks)
+    return data
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def _reserve(fd: int, offset: int, length: int) -> None:
+    """Allocate the blocks ``[offset, offset + length)`` first, so a full disk fails
+    the write before any byte of the file changes (where the file system can)."""
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+
+
+def _default_file_mode() -> int:
+    """``0o666`` less the process's umask: the mode :meth:`Store.write` gives new files.
+    Read from ``/proc`` where it is shown, as ``os.umask`` can only read by setting."""
+    with suppress(OSError, ValueError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask

@@ -332,10 +332,10 @@ def test_os_errors_become_fscache_errors(
 ) -> None:
     v0 = store.write("f", b"old")
 
-    def full_disk(src: str, dst: str) -> None:
+    def full_disk(src: str, dst: str, **dir_fds: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "replace", full_disk)
+    monkeypatch.setattr(os, "rename", full_disk)
     with pytest.raises(FscacheError, match="disk is full") as info:
         store.write("f", b"new")
     assert type(info.value) is FscacheError
