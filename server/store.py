@@ -1138,7 +1138,7 @@ class Store:
                 os.unlink(tmp, dir_fd=tmp_dir)
             raise
         self._dir_changed(dir_fd, key)
-        if tmp_dir != dir_fd:
+        if tmp_dir != dir_fd and not os.path.samestat(os.fstat(tmp_dir), os.fstat(dir_fd)):
             os.fsync(tmp_dir)
 
 
