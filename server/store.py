@@ -7,8 +7,9 @@ Layout.  The file ``a/b`` lives at ``<root>/a/b`` and holds exactly its contents
 no side files, no database.  Its version is the file's own ``st_mtime_ns``, so data
 and version live in one inode and can never disagree.  The store's private files
 use names starting with :data:`fscache.paths.RESERVED_PREFIX`, which clients can
-never name; :meth:`Store.listdir` hides them.  The server keeps its own small files
-(:meth:`Store.save_state`) in the directory of that very name, written like any file.
+never name; :meth:`Store.listdir` and :meth:`Store.scandir` hide them.  The server
+keeps its own small files (:meth:`Store.save_state`) in the directory of that very
+name, written like any file.
 
 Writes (``docs/design.md``, "Guarantees", durability: "every acknowledged write, no
 torn file").
@@ -24,7 +25,8 @@ torn file").
 4. ``os.replace``\\s it onto the target: rename is atomic, so every observer (and
    the file system after any crash) sees either the whole old inode or the whole
    new one, never a mix;
-5. ``fsync``\\s the directory, making the rename itself durable;
+5. restamps the directory's version (see Directories) and ``fsync``\\s the
+   directory, making the rename itself durable;
 
 and only then returns, i.e. only then may the server acknowledge.  After a SIGKILL
 at any instant the kernel still holds (and eventually writes) everything the
@@ -32,10 +34,81 @@ process did, so each path holds either its last acknowledged contents or those o
 write that was in flight, each complete; an unfinished write leaves at most a temp
 file, which :meth:`Store.recover` deletes at the next start.  After a power loss the
 fsyncs give the same result, provided the disk and the file system honour fsync.
-Deletes are ``unlink`` followed by an fsync of the directory.
+Deletes are ``unlink``, a directory restamp and an fsync of the directory.
+
+Uploads (a whole-file write streamed in parts, for files of any size).
+:meth:`Store.upload_begin` creates the temp file of step 1 (mode ``0o600``: no one
+else reads a half-sent file) beside the target, whose directory must exist;
+:meth:`Store.upload_part` ``pwrite``\\s each part at its offset at once, so memory is
+bounded by one part, whatever the file's size; :meth:`Store.upload_sync` fsyncs
+the data (the slow part, which the server runs before the lease rules allow the
+write); :meth:`Store.upload_commit` then does steps 2-5 under the path's lock with
+``write``'s compare-and-set: stamp, mode as ``write`` gives, fsync (cheap: only the
+inode is left), rename, restamp and fsync of the directory.  So an upload has
+exactly ``write``'s guarantees.  The rename goes from the descriptor of the
+directory the temp file was made in to the path's parent opened anew (see
+Confinement), so the file lands at its path as named at commit, even if a
+directory on the way was renamed meanwhile.  A failed part or commit, and
+:meth:`Store.upload_abort`, remove the temp file; after a crash ``recover`` does.
+
+In-place writes.  :meth:`Store.write_range` (``pwrite``) and :meth:`Store.truncate`
+(``ftruncate``) change the file's own inode: stamp a new version by the rule under
+Versions, fsync data and inode, and only then return.  A missing file is created
+(``O_EXCL``; its directory must exist), and then the directory is restamped and
+fsynced too.  Like POSIX ``pwrite``, they are *not* atomic against a crash: after
+a SIGKILL or power loss mid-write the bytes being written may be partly old,
+partly new (every *acknowledged* write is durable).  A full disk is caught before
+any byte changes where the file system can: the range is reserved first with
+``posix_fallocate``.  Such writes break the rule "an inode is never written
+after its rename" that Reads rely on; a read racing one could pair the old
+version with new bytes.  The server never lets them race: the lease table keeps a
+key's reads waiting until the write applied on it is done (``fscache.leases``).
+
+Renames.  :meth:`Store.rename` is one ``rename(2)`` between the two parent
+directories' descriptors, so it has the kernel's atomicity: a file over a file
+replaces it in one step, a directory may replace an empty directory, and a crash
+leaves either name set.  Then each parent is restamped and fsynced (one if they
+are the same) before returning.  A renamed file keeps its inode, hence its mtime;
+so that a version still never names two contents of one path, the moved inode is
+first stamped (``utime`` on its descriptor, fsynced) above the version ``dst``
+had and above ``dst``'s floor, if it is not already; and ``src`` gets a floor, as
+after a delete.  A directory is checked again after the move (moving its ``..``
+may touch it).  Files *below* a renamed directory keep their versions: a version
+repeats at a new path only if two files there carry the very same mtime_ns.
+
+Directories.  A directory's version is its ``st_mtime_ns``.  Every change the store
+makes to a directory's name set (a file created by ``write``, an upload or an
+in-place write; delete; mkdir; rmdir; a rename in or out) ends with a restamp of
+the directory to ``max(now, mtime + 1, floor + 1)``, where ``floor`` is the
+highest version this store gave that directory (kept in memory, like the files'
+floors, and kept on rmdir and rename-away so a directory made again at that path
+starts above it), then an fsync.  The restamp comes *after* the change, so a
+version is only ever given to a name set that already holds; the kernel moves the
+mtime too (to its coarse "now"), and the floor keeps a version from going back
+to one given before.  :meth:`Store.scandir` reads the version before the entries,
+so a listing racing a change pairs newer entries with an older version, which
+the next comparison rejects, never the reverse.  Limits: between a change and its
+restamp the kernel's value shows; changes by other programs move the mtime as
+the kernel does (fine); a program that *sets* mtimes can move it back; temp files
+coming and going move it too (the names shown do not change).
+
+Confinement.  Every operation above but ``write``, ``delete``, ``stat`` and
+``listdir`` works on ``(descriptor of the parent directory, last name)``: the
+parent is opened with ``openat2(root_fd, parent, RESOLVE_BENEATH |
+RESOLVE_NO_SYMLINKS)`` (or, without ``openat2``, one ``O_NOFOLLOW`` step per name
+from the root's descriptor), then the last name is used only through ``*at``
+calls (``rename(src_dir_fd=, dst_dir_fd=)``, ``mkdir``/``rmdir``/``open(dir_fd=)``,
+``stat(dir_fd=, follow_symlinks=False)``, ``scandir(fd)``) that never follow a
+symlink in it.  The kernel does the check and the use in one step, so no program
+swapping a directory for a symlink at any instant can make them act outside the
+root: a symlink anywhere on the way is refused (:class:`~fscache.errors.BadPath`),
+and one as the last name is never followed (it is neither a file nor a directory
+to these operations, and ``scandir`` does not show it).  Ranged reads open the
+file as ``read`` does.
 
 Reads.  :meth:`Store.read` is open, fstat, read on one file descriptor.  The
-descriptor pins one inode, and inodes are never written after their rename, so the
+descriptor pins one inode, and ``write`` never writes an inode after its rename
+(in-place writes are kept apart by the lease rules: see In-place writes), so the
 version (``fstat().st_mtime_ns``) and the data always belong together, even if a
 write replaces the file mid-read.  No lock, no thread: it is the server's hot path.
 The open is one ``openat2`` confined by the kernel to the root with no symlink on
@@ -102,6 +175,7 @@ forward until it really is larger than ``old`` and ``floor``.  Limits:
   one path; nothing may use them as time (leases never do).
 
 Paths.  Callers pass paths already normalised by :func:`fscache.paths.normalize`.
+The root and names with the reserved prefix are refused by every operation.
 A read first tries ``openat2(root_fd, path, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)``
 (or, without ``openat2``, opens ``root/path`` and asks ``/proc/self/fd`` where the
 descriptor landed): both are free of check-then-open races.  Any path that meets a
@@ -111,18 +185,24 @@ a reserved name.  Symlinks inside the root that stay inside the root act as alia
 (a write through one replaces the file it points to).  That resolving check is not
 proof against another local program swapping directories for symlinks between the
 check and the open (the final component is opened with ``O_NOFOLLOW``); the root
-is meant to belong to the server alone.
+is meant to belong to the server alone.  The operations under Confinement have
+no such gap.
 
 Errors.  Every ``OSError`` becomes an :class:`~fscache.errors.FscacheError`
 subclass with a message naming the path.  Only programming errors (wrong argument
 types, ``ValueError``/``TypeError``) and ``MemoryError`` escape untranslated.  A
 write or delete that raises may or may not have taken effect (e.g. the directory
 fsync failed after the rename), as with any storage system; it was not acknowledged.
+A full disk (ENOSPC) or an I/O error (EIO) leaves no temp file (a failed part or
+commit ends its upload), no file or directory the failed call created, and no
+torn file except as said under In-place writes.
 
-Threads.  ``write``, ``delete`` and ``recover`` block on disk; the server calls
-``write`` and ``delete`` through ``trio.to_thread.run_sync`` and may call them from
-several threads at once.  ``read``, ``stat`` and ``listdir`` take no lock; ``read``
-and ``settle`` belong to one thread (the server's event loop).  Call ``recover``
+Threads.  Every operation but ``read``, ``settle`` and ``facts`` may block on disk;
+the server calls them through ``trio.to_thread.run_sync`` and may call them from
+several threads at once.  Changes lock their paths (a rename both, in sorted
+order); ``read``, ``read_range``, ``stat``, ``listdir``, ``scandir`` and ``facts``
+take no lock; ``read`` and ``settle`` belong to one thread (the server's event
+loop).  One :class:`Upload` is driven by one caller at a time.  Call ``recover``
 only while no write is in flight (it runs in ``__init__``).  POSIX only.
 """
 
