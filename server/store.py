@@ -46,9 +46,9 @@ write); :meth:`Store.upload_commit` then does steps 2-5 under the path's lock wi
 ``write``'s compare-and-set: stamp, mode as ``write`` gives, fsync (cheap: only the
 inode is left), rename, restamp and fsync of the directory.  So an upload has
 exactly ``write``'s guarantees.  The rename goes from the descriptor of the
-directory the temp file was made in to the path's parent opened anew (see
-Confinement), so the file lands at its path as named at commit, even if a
-directory on the way was renamed meanwhile.  A failed part or commit, and
+directory the temp file was made in to the path's parent opened anew, so the
+file lands at its path as named at commit, even if a directory on the way was
+renamed meanwhile.  A failed part or commit, and
 :meth:`Store.upload_abort`, remove the temp file; after a crash ``recover`` does.
 
 In-place writes.  :meth:`Store.write_range` (``pwrite``) and :meth:`Store.truncate`
@@ -92,27 +92,13 @@ restamp the kernel's value shows; changes by other programs move the mtime as
 the kernel does (fine); a program that *sets* mtimes can move it back; temp files
 coming and going move it too (the names shown do not change).
 
-Confinement.  Every operation above but ``write``, ``delete``, ``stat`` and
-``listdir`` works on ``(descriptor of the parent directory, last name)``: the
-parent is opened with ``openat2(root_fd, parent, RESOLVE_BENEATH |
-RESOLVE_NO_SYMLINKS)`` (or, without ``openat2``, one ``O_NOFOLLOW`` step per name
-from the root's descriptor), then the last name is used only through ``*at``
-calls (``rename(src_dir_fd=, dst_dir_fd=)``, ``mkdir``/``rmdir``/``open(dir_fd=)``,
-``stat(dir_fd=, follow_symlinks=False)``, ``scandir(fd)``) that never follow a
-symlink in it.  The kernel does the check and the use in one step, so no program
-swapping a directory for a symlink at any instant can make them act outside the
-root: a symlink anywhere on the way is refused (:class:`~fscache.errors.BadPath`),
-and one as the last name is never followed (it is neither a file nor a directory
-to these operations, and ``scandir`` does not show it).  Ranged reads open the
-file as ``read`` does.
-
 Reads.  :meth:`Store.read` is open, fstat, read on one file descriptor.  The
 descriptor pins one inode, and ``write`` never writes an inode after its rename
 (in-place writes are kept apart by the lease rules: see In-place writes), so the
 version (``fstat().st_mtime_ns``) and the data always belong together, even if a
 write replaces the file mid-read.  No lock, no thread: it is the server's hot path.
 The open is one ``openat2`` confined by the kernel to the root with no symlink on
-the way (Linux 5.6+; see Paths), with ``O_NOATIME`` where the kernel allows it (no
+the way (Linux 5.6+; see Confinement), with ``O_NOATIME`` where the kernel allows it (no
 inode write per read).  Closing the descriptor and filling the content cache wait
 for :meth:`Store.settle`, which the server calls once the reply is on its way.
 
@@ -139,8 +125,8 @@ clock stepped backwards by more than the margin, or writes through a shared
 as they do from git and rsync.
 
 The cache keeps the read path exactly as safe: an entry is made only from a
-descriptor that landed at ``root/path`` itself (no symlink anywhere on the way,
-checked as for any read), so cached bytes were always read from inside the root,
+descriptor opened as every read is (at ``root/path`` itself, no symlink on the
+way), so cached bytes were always read from inside the root,
 and a later ``lstat`` that reaches anything but that same inode misses.  (One
 difference: if a directory on the path is moved out of the root and replaced by a
 symlink to its new place, the unchanged file keeps being served from the cache
@@ -148,10 +134,9 @@ until it changes -- bytes already read from inside the root, never new ones.)  T
 cache holds at most ``content_cache_bytes`` (data plus a per-entry overhead
 estimate), files of at most ``_CACHE_ENTRY_MAX`` bytes, and evicts the oldest
 entries first.  A hit is a dict lookup, one ``lstat`` and one tuple compare; all
-changes to the cache (filling, dropping, and :meth:`Store.write` and
-:meth:`Store.delete` dropping what they replaced, only to free memory sooner) take
-a lock that a hit never touches.  Entries are cached for the paths as given, so
-an alias path simply has its own entry.
+changes to the cache (filling, dropping, and the store's own changes dropping
+what they replaced, only to free memory sooner) take a lock that a hit never
+touches.
 
 Versions.  A write sets the new file's mtime to
 ``max(time.time_ns(), old + 1, floor + 1)``, where ``old`` is the version being
@@ -174,19 +159,25 @@ forward until it really is larger than ``old`` and ``floor``.  Limits:
 * Versions look like wall-clock times but are only identifiers to compare for
   one path; nothing may use them as time (leases never do).
 
-Paths.  Callers pass paths already normalised by :func:`fscache.paths.normalize`.
-The root and names with the reserved prefix are refused by every operation.
-A read first tries ``openat2(root_fd, path, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)``
-(or, without ``openat2``, opens ``root/path`` and asks ``/proc/self/fd`` where the
-descriptor landed): both are free of check-then-open races.  Any path that meets a
-symlink, and every write, stat and listdir, is resolved with ``os.path.realpath``
-and refused (:class:`~fscache.errors.BadPath`) if it ends up outside the root or on
-a reserved name.  Symlinks inside the root that stay inside the root act as aliases
-(a write through one replaces the file it points to).  That resolving check is not
-proof against another local program swapping directories for symlinks between the
-check and the open (the final component is opened with ``O_NOFOLLOW``); the root
-is meant to belong to the server alone.  The operations under Confinement have
-no such gap.
+Paths.  Callers pass paths already normalised by :func:`fscache.paths.normalize`;
+the store still refuses (:class:`~fscache.errors.BadPath`) the root where a file
+is meant, ``..``, absolute paths, NUL bytes and names with the reserved prefix.
+How every operation then stays beneath the root is said under Confinement.
+
+Confinement.  No operation can be made to act outside the root, or through a
+symlink, even by another local program swapping a directory for a symlink at any
+instant.  Each works on ``(descriptor of the parent directory, last name)``: the
+parent is opened with ``openat2(root_fd, parent, RESOLVE_BENEATH |
+RESOLVE_NO_SYMLINKS)`` (or, without ``openat2``, one ``O_NOFOLLOW`` step per name
+from the root's descriptor), then the last name is used only through ``*at``
+calls (``rename(src_dir_fd=, dst_dir_fd=)``, ``mkdir``/``rmdir``/``open(dir_fd=)``,
+``stat(dir_fd=, follow_symlinks=False)``, ``scandir(fd)``) that never follow a
+symlink in it.  The kernel checks and uses in one step, so there is no gap between
+the two.  A read is the same with one ``openat2`` of the whole path.  So a symlink
+anywhere on a path is refused (:class:`~fscache.errors.BadPath`), inside the root
+or not: symlinks are not aliases; ``listdir`` and ``scandir`` do not show them.
+(``recover`` and ``load_state`` use plain paths: they run at start, or read the
+server's own state directory.)
 
 Errors.  Every ``OSError`` becomes an :class:`~fscache.errors.FscacheError`
 subclass with a message naming the path.  Only programming errors (wrong argument
@@ -240,8 +231,6 @@ __all__ = ["TEMP_PREFIX", "Facts", "Store", "Upload"]
 TEMP_PREFIX = RESERVED_PREFIX + "-tmp-"
 """Name prefix of the store's temp files; anything with it is garbage after a crash."""
 
-# Where the kernel names each open descriptor's file (Linux); None: resolve paths instead.
-_PROC_FD = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else None
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture
 _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
@@ -366,8 +355,8 @@ class Store:
         )
         self._time_ns: Callable[[], int] = time_ns  # the wall clock (a seam for tests)
         # Reads whose descriptor is still open and whose data is not yet cached: settle()
-        # (fd, path, fstat, data, when the open began or None if not cacheable)
-        self._unsettled: list[tuple[int, str, os.stat_result, bytes, int | None]] = []
+        # (fd, path, fstat, data, when the open began)
+        self._unsettled: list[tuple[int, str, os.stat_result, bytes, int]] = []
         self._openat2: Callable[[str, int], int] | None = _beneath_opener(real)
         self._read_flags = _READ_FLAGS | _NOATIME  # until O_NOATIME is refused
         self._file_mode = _default_file_mode()  # what a committed upload gets, as write's files
@@ -407,8 +396,8 @@ class Store:
             self.settle()
         entry = self._content.get(path)
         if entry is not None:
-            # Only paths whose descriptor landed at exactly root/path get entries, so
-            # ``path`` is plainly relative and canonical here: no check needed.
+            # Only paths a read opened (checked, beneath the root) get entries: no
+            # check needed here.
             try:
                 st = os.stat(self._prefix + path, follow_symlinks=False)
             except OSError:
@@ -419,7 +408,7 @@ class Store:
                     return entry.version, entry.data
             self._uncache(path, entry)
         started = self._time_ns()  # before the open: see "Content cache" above
-        fd, landed_plainly = self._open_for_read(path)
+        fd = self._open_for_read(path)
         try:
             st = os.fstat(fd)
             if not stat_mod.S_ISREG(st.st_mode):
@@ -441,7 +430,7 @@ class Store:
                 raise _translate(exc, "read", path) from None
             raise
         # Whether to cache it is settle()'s business, off the reply's critical path.
-        self._unsettled.append((fd, path, st, data, started if landed_plainly else None))
+        self._unsettled.append((fd, path, st, data, started))
         return st.st_mtime_ns, data
 
     def settle(self) -> None:
@@ -454,8 +443,7 @@ class Store:
             with suppress(OSError):
                 os.close(fd)
             if (
-                started is not None  # it landed at root/path itself
-                and len(data) <= self._content_entry_max
+                len(data) <= self._content_entry_max
                 and st.st_ctime_ns <= started - _RACY_NS
                 and len(data) == st.st_size
             ):
@@ -463,87 +451,98 @@ class Store:
 
     def stat(self, path: str) -> tuple[int, int, bool]:
         """``(version, size, is_dir)``; a directory's version is its mtime, its size 0."""
-        full = self._resolve(path)
-        try:
-            st = os.stat(full)
-        except OSError as exc:
-            raise _translate(exc, "stat", path) from None
-        if stat_mod.S_ISDIR(st.st_mode):
+        if path:
+            with self._in_parent(path, "stat") as (dir_fd, name):
+                st = _lstat_at(dir_fd, name, "stat", path)
+            if st is None:
+                raise NotFound(f"cannot stat {path!r}: it does not exist")
+        else:
+            st = os.stat(self.root)
+        if _file_or_dir(st, "stat", path):
             return st.st_mtime_ns, 0, True
-        if stat_mod.S_ISREG(st.st_mode):
-            return st.st_mtime_ns, st.st_size, False
-        raise FscacheError(f"cannot stat {path!r}: not a regular file or directory")
+        return st.st_mtime_ns, st.st_size, False
 
     def write(self, path: str, data: bytes, if_version: int | None = None) -> int:
         """Durably replace the file at ``path`` with ``data``; return the new version.
 
         With ``if_version`` set, write only if the current version equals it (an
         absent file has version 0), else raise :class:`Conflict` and change nothing.
-        Returns only after data, version and directory entry are on disk.
+        Missing parent directories are made. Returns only after data, version and
+        directory entry are on disk.
         """
         if len(data) > self.max_file_size:
             raise TooLarge(
                 f"cannot write {path!r}: {len(data)} bytes is more than the "
                 f"maximum file size of {self.max_file_size}"
             )
-        full = self._resolve(path)
-        if full == self.root:
+        if not path:
             raise IsADirectory("cannot write the root: it is a directory")
-        with self._locked(full):
-            old = self._version_for_write(full, path)
-            if if_version is not None and if_version != old:
-                raise Conflict(f"cannot write {path!r}: its version is {old}, not {if_version}")
-            with self._mutex:
-                floor = self._floors.get(full, 0)
-            tmp, fd = self._open_temp(os.path.dirname(full), path)
-            try:
-                version = self._replace_durably(tmp, fd, full, data, minimum=max(old, floor) + 1)
-            except OSError as exc:
-                raise _translate(exc, "write", path) from None
-            finally:
-                self._forget(path, full)
-            with self._mutex:
-                self._floors.pop(full, None)
-            return version
+        full = self._prefix + path
+        dir_fd, name = self._open_parent(path, "write", make=True)
+        try:
+            with self._locked(full):
+                old = self._file_version_at(dir_fd, name, "write", path)
+                if if_version is not None and if_version != old:
+                    raise Conflict(f"cannot write {path!r}: its version is {old}, not {if_version}")
+                with self._mutex:
+                    floor = self._floors.get(full, 0)
+                key = self._dir_key(_parent_of(path))
+                try:
+                    version = self._replace_durably(
+                        dir_fd, key, name, data, minimum=max(old, floor) + 1
+                    )
+                except OSError as exc:
+                    raise _translate(exc, "write", path) from None
+                finally:
+                    self._forget(path)
+                with self._mutex:
+                    self._floors.pop(full, None)
+                return version
+        finally:
+            os.close(dir_fd)
 
     def delete(self, path: str, if_version: int | None = None) -> None:
         """Durably remove the file at ``path``.
 
         :class:`NotFound` if it does not exist (whatever ``if_version`` says),
         :class:`Conflict` if ``if_version`` is set and differs from its version,
-        :class:`IsADirectory` for a directory (directories are never removed).
+        :class:`IsADirectory` for a directory (:meth:`rmdir` removes those).
         """
-        full = self._resolve(path)
-        if full == self.root:
+        if not path:
             raise IsADirectory("cannot delete the root: it is a directory")
-        with self._locked(full):
-            try:
-                st = os.stat(full)
-            except OSError as exc:
-                raise _translate(exc, "delete", path) from None
+        full = self._prefix + path
+        with self._in_parent(path, "delete") as (dir_fd, name), self._locked(full):
+            st = _lstat_at(dir_fd, name, "delete", path)
+            if st is None:
+                raise NotFound(f"cannot delete {path!r}: it does not exist")
             _regular_file_version(st, "delete", path)
             if if_version is not None and if_version != st.st_mtime_ns:
                 raise Conflict(
                     f"cannot delete {path!r}: its version is {st.st_mtime_ns}, not {if_version}"
                 )
             try:
-                os.unlink(full)
+                os.unlink(name, dir_fd=dir_fd)
             except OSError as exc:
                 raise _translate(exc, "delete", path) from None
-            self._forget(path, full)
+            self._forget(path)
             self._raise_floor(full, st.st_mtime_ns)
             try:
-                self._dir_changed_at(os.path.dirname(full))
+                self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
             except OSError as exc:
                 raise _translate(exc, "delete", path) from None
 
     def save_state(self, name: str, data: bytes) -> None:
         """Durably write the server's own file ``name`` in the state directory
         (``<root>/.fscache``, a reserved name no client can reach), as any write is."""
-        state = os.path.join(self.root, RESERVED_PREFIX)
-        tmp, fd = self._open_temp(state, name)
         try:
-            self._replace_durably(tmp, fd, os.path.join(state, name), data, minimum=0)
+            try:
+                dir_fd = self._open_dir(RESERVED_PREFIX)
+            except FileNotFoundError:
+                dir_fd = self._make_dirs(RESERVED_PREFIX)
+            try:
+                self._replace_durably(dir_fd, self._dir_key(RESERVED_PREFIX), name, data, minimum=0)
+            finally:
+                os.close(dir_fd)
         except OSError as exc:
             raise _translate(exc, "write", name) from None
 
@@ -558,36 +557,13 @@ class Store:
             raise _translate(exc, "read", name) from None
 
     def listdir(self, path: str) -> list[str]:
-        """Sorted names in the directory ``path`` (``""`` is the root); dirs end in ``/``.
-
-        Hidden: the store's own files, names that are not valid UTF-8, symlinks that
-        leave the root, dangling symlinks and special files (FIFOs, sockets, devices).
-        """
-        full = self._resolve(path)
-        names: list[str] = []
+        """Sorted names in the directory ``path`` (``""`` is the root); dirs end in
+        ``/``: the entries :meth:`scandir` shows. :class:`IsADirectory` for a file."""
         try:
-            with os.scandir(full) as entries:
-                for entry in entries:
-                    name = entry.name
-                    if name.startswith(RESERVED_PREFIX) or not _is_utf8(name):
-                        continue
-                    try:
-                        if entry.is_symlink() and not self._inside(os.path.realpath(entry.path)):
-                            continue
-                        if entry.is_dir():
-                            names.append(name + "/")
-                        elif entry.is_file():
-                            names.append(name)
-                    except OSError:  # vanished while we looked
-                        continue
-        except NotADirectoryError:
-            if os.path.isfile(full):
-                raise IsADirectory(f"cannot list {path!r}: it is a file") from None
-            raise NotFound(f"cannot list {path!r}: it does not exist") from None
-        except OSError as exc:
-            raise _translate(exc, "list", path) from None
-        names.sort()
-        return names
+            _, entries = self.scandir(path)
+        except NotADirectory:
+            raise IsADirectory(f"cannot list {path!r}: it is a file") from None
+        return [name + "/" if is_dir else name for name, is_dir, _, _ in entries]
 
     # ------------------------------------------------------ confined operations
     # Each opens the parent directory beneath the root (no symlink on the way) and
@@ -600,7 +576,7 @@ class Store:
             return Facts(exists=True, is_dir=True)
         try:
             with self._in_parent(path, "look up") as (dir_fd, name):
-                st = _lstat_at(dir_fd, name)
+                st = _lstat_at(dir_fd, name, "look up", path)
         except NotFound:
             return _ABSENT
         except OSError as exc:
@@ -614,7 +590,7 @@ class Store:
         the file, its version and whole size, all from one open descriptor (see Reads)."""
         if offset < 0 or length < 0:
             raise ProtocolError(f"cannot read {path!r}: offset and length must be >= 0")
-        fd, _ = self._open_for_read(path)
+        fd = self._open_for_read(path)
         try:
             st = os.fstat(fd)
             version = _regular_file_version(st, "read", path)
@@ -630,7 +606,7 @@ class Store:
         beside it (its directory must exist). Nothing is visible until commit."""
         dir_fd, name = self._open_parent(path, "upload")
         try:
-            st = _lstat_at(dir_fd, name)
+            st = _lstat_at(dir_fd, name, "upload", path)
             if st is not None and stat_mod.S_ISDIR(st.st_mode):
                 raise IsADirectory(f"cannot upload {path!r}: it is a directory")
             temp = TEMP_PREFIX + secrets.token_hex(8)
@@ -691,8 +667,9 @@ class Store:
                     os.fsync(fd)  # cheap after upload_sync: the inode only
                 finally:
                     os.close(fd)
-                self._install(upload._dir_fd, upload._temp, dir_fd, self._dir_key(path), name)
-                self._forget(path, full)
+                key = self._dir_key(_parent_of(path))
+                self._install(upload._dir_fd, upload._temp, dir_fd, key, name)
+                self._forget(path)
                 with self._mutex:
                     self._floors.pop(full, None)
         except BaseException as exc:
@@ -762,11 +739,11 @@ class Store:
             self._in_parent(dst, "rename") as (dst_dir, dst_name),
             self._locked(src_full, dst_full),
         ):
-            src_st = _lstat_at(src_dir, src_name)
+            src_st = _lstat_at(src_dir, src_name, "rename", src)
             if src_st is None:
                 raise NotFound(f"cannot rename {src!r}: it does not exist")
             is_dir = _file_or_dir(src_st, "rename", src)
-            dst_st = _lstat_at(dst_dir, dst_name)
+            dst_st = _lstat_at(dst_dir, dst_name, "rename", dst)
             if src == dst:
                 return src_st.st_mtime_ns
             if dst_st is not None and _file_or_dir(dst_st, "rename over", dst) != is_dir:
@@ -793,8 +770,7 @@ class Store:
                     os.close(fd)
             except OSError as exc:
                 raise _rename_error(exc, src, dst) from None
-            self._forget(src, src_full)
-            self._forget(dst, dst_full)
+            self._forget(src, dst)
             self._raise_floor(src_key, src_st.st_mtime_ns)
             with self._mutex:
                 self._floors.pop(dst_full, None)
@@ -812,21 +788,10 @@ class Store:
         full = self._prefix + path
         with self._in_parent(path, "mkdir") as (dir_fd, name), self._locked(full):
             try:
-                os.mkdir(name, 0o777, dir_fd=dir_fd)
+                fd, version = self._mkdir_at(dir_fd, name, path)
             except OSError as exc:
                 raise _translate(exc, "mkdir", path) from None
-            try:
-                fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
-                try:
-                    version = self._restamp(fd, self._dir_key(path))
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
-            except OSError as exc:
-                with suppress(OSError):
-                    os.rmdir(name, dir_fd=dir_fd)
-                raise _translate(exc, "mkdir", path) from None
+            os.close(fd)
             return version
 
     def rmdir(self, path: str) -> None:
@@ -834,7 +799,7 @@ class Store:
         :class:`NotADirectory`, :class:`NotFound`."""
         full = self._prefix + path
         with self._in_parent(path, "rmdir") as (dir_fd, name), self._locked(full):
-            st = _lstat_at(dir_fd, name)
+            st = _lstat_at(dir_fd, name, "rmdir", path)
             if st is None:
                 raise NotFound(f"cannot rmdir {path!r}: it does not exist")
             if not stat_mod.S_ISDIR(st.st_mode):
@@ -854,6 +819,8 @@ class Store:
         names, symlinks (the confined operations never follow one), special files.
         The directory's version is read before its entries (see "Directories").
         """
+        if path:
+            _check_path(path, "list")
         try:
             fd = self._open_dir(path)
         except OSError as exc:
@@ -905,19 +872,27 @@ class Store:
             fd = step
         return fd
 
-    def _open_parent(self, path: str, op: str) -> tuple[int, str]:
+    def _open_parent(self, path: str, op: str, *, make: bool = False) -> tuple[int, str]:
         """``(descriptor of the parent directory, last name)`` of ``path`` (see
         :meth:`_open_dir`): what every confined operation works on. :class:`BadPath`
-        for the root or a reserved name, :class:`NotFound` if the parent is missing."""
-        if not path:
-            raise BadPath(f"cannot {op} the root")
-        if RESERVED_PREFIX in path and any(
-            part.startswith(RESERVED_PREFIX) for part in path.split("/")
-        ):
-            raise BadPath(f"cannot {op} {path!r}: the name is reserved for the store")
+        for the root or a reserved name, :class:`NotFound` if the parent is missing
+        (with ``make``, missing directories are made, and a file on the way is
+        :class:`IsADirectory`)."""
+        _check_path(path, op)
         head, _, name = path.rpartition("/")
         try:
-            return self._open_dir(head), name
+            try:
+                return self._open_dir(head), name
+            except FileNotFoundError:
+                if not make:
+                    raise
+                return self._make_dirs(head), name
+        except NotADirectoryError:
+            if not make:
+                raise NotFound(f"cannot {op} {path!r}: it does not exist") from None
+            raise IsADirectory(
+                f"cannot {op} {path!r}: one of its parent directories is a file"
+            ) from None
         except OSError as exc:
             raise _translate(exc, op, path) from None
 
@@ -936,7 +911,7 @@ class Store:
 
     def _file_version_at(self, dir_fd: int, name: str, op: str, path: str) -> int:
         """The version of the file ``name`` in ``dir_fd``: 0 if absent; refuse others."""
-        st = _lstat_at(dir_fd, name)
+        st = _lstat_at(dir_fd, name, op, path)
         return 0 if st is None else _regular_file_version(st, op, path)
 
     def _update_in_place(
@@ -974,7 +949,7 @@ class Store:
                     raise _translate(exc, op, path) from None
                 raise
             finally:
-                self._forget(path, full)
+                self._forget(path)
             with self._mutex:
                 self._floors.pop(full, None)
             return version
@@ -984,44 +959,30 @@ class Store:
         if upload.closed:
             raise ProtocolError(f"the upload of {upload.path!r} has ended")
 
-    def _open_for_read(self, path: str) -> tuple[int, bool]:
-        """An open descriptor for ``path``, known to lie under the root, and whether
-        it is known to be ``root/path`` itself (no symlink on the way: cacheable).
+    def _open_for_read(self, path: str) -> int:
+        """An open descriptor for ``path``, reached beneath the root with no symlink on
+        the way: one ``openat2`` on the hot path (Linux 5.6+), else the parent as
+        every confined operation opens it, then the last name with ``O_NOFOLLOW``."""
+        if not _plainly_relative(path):
+            if not path:
+                raise IsADirectory("cannot read the root: it is a directory")
+            _check_path(path, "read")
+        if self._openat2 is not None:
+            try:
+                return self._open_without_atime(self._openat2, path)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSYS, errno.EPERM):
+                    raise _translate(exc, "read", path) from None
+                self._openat2 = None  # not here: never again
+        with self._in_parent(path, "read") as (dir_fd, name):
 
-        The hot path is one ``openat2`` that the kernel itself confines to the root
-        with no symlink on the way (Linux 5.6+); else ``root/path`` is opened
-        directly and the kernel asked where the descriptor landed
-        (``/proc/self/fd``). Either is free of check-then-open races. Only a path
-        that crosses a symlink takes the slow, resolving way."""
-        if _plainly_relative(path):
-            if self._openat2 is not None:
-                try:
-                    return self._open_without_atime(self._openat2, path), True
-                except OSError as exc:
-                    if exc.errno not in (errno.ELOOP, errno.EXDEV, errno.ENOSYS, errno.EPERM):
-                        raise _translate(exc, "read", path) from None
-                    if exc.errno in (errno.ENOSYS, errno.EPERM):  # not here: never again
-                        self._openat2 = None
-            elif _PROC_FD is not None:
-                expected = self._prefix + path
-                try:
-                    fd = self._open_without_atime(os.open, expected)
-                except OSError as exc:
-                    if exc.errno != errno.ELOOP:  # ELOOP: the last component is a symlink
-                        raise _translate(exc, "read", path) from None
-                else:
-                    try:
-                        landed = os.readlink(f"{_PROC_FD}/{fd}")
-                    except OSError:
-                        landed = None
-                    if landed == expected:
-                        return fd, True
-                    os.close(fd)  # a symlink on the way: judge it by the slow path
-        full = self._resolve(path)
-        try:
-            return self._open_without_atime(os.open, full), full == self._prefix + path
-        except OSError as exc:
-            raise _translate(exc, "read", path) from None
+            def open_at(target: str, flags: int) -> int:
+                return os.open(target, flags, dir_fd=dir_fd)
+
+            try:
+                return self._open_without_atime(open_at, name)
+            except OSError as exc:
+                raise _translate(exc, "read", path) from None
 
     def _open_without_atime(self, opener: Callable[[str, int], int], target: str) -> int:
         """``opener(target, flags)`` for reading, with ``O_NOATIME`` where the kernel
@@ -1058,31 +1019,14 @@ class Store:
                 del self._content[path]
                 self._content_bytes -= len(entry.data) + _CACHE_ENTRY_OVERHEAD
 
-    def _forget(self, path: str, full: str) -> None:
-        """Drop the entries for a file we replaced or removed (to free memory early:
-        validation alone would miss them).  ``full`` covers ``path`` being an alias."""
+    def _forget(self, *paths: str) -> None:
+        """Drop the entries for files we replaced or removed (to free memory early:
+        validation alone would miss them)."""
         with self._content_lock:
-            for key in {path, full[len(self._prefix) :]}:
-                entry = self._content.pop(key, None)
+            for path in paths:
+                entry = self._content.pop(path, None)
                 if entry is not None:
                     self._content_bytes -= len(entry.data) + _CACHE_ENTRY_OVERHEAD
-
-    def _inside(self, full: str) -> bool:
-        return full == self.root or full.startswith(self._prefix)
-
-    def _resolve(self, path: str) -> str:
-        """The real absolute path of ``path`` under the root, or :class:`BadPath`."""
-        try:
-            full = os.path.realpath(os.path.join(self.root, path))
-        except (OSError, ValueError) as exc:  # e.g. an embedded NUL byte
-            raise BadPath(f"bad path {path!r}: {exc}") from None
-        if not self._inside(full):
-            raise BadPath(f"path {path!r} leads outside the store's root")
-        if RESERVED_PREFIX in full[len(self._prefix) :] and any(
-            part.startswith(RESERVED_PREFIX) for part in full[len(self._prefix) :].split(os.sep)
-        ):
-            raise BadPath(f"path {path!r} leads to a name reserved for the store")
-        return full
 
     @contextmanager
     def _locked(self, *fulls: str) -> Iterator[None]:
@@ -1112,48 +1056,48 @@ class Store:
                     if entry.users == 0:
                         del self._locks[key]
 
-    def _version_for_write(self, full: str, path: str) -> int:
-        """The version ``write`` replaces: 0 if absent; refuse directories."""
+    def _make_dirs(self, rel: str) -> int:
+        """Open the directory ``rel``, making it and its missing ancestors durably (see
+        :meth:`_mkdir_at`), one ``O_NOFOLLOW`` step at a time from the root."""
+        fd = self._open_dir("")
+        done = ""
         try:
-            st = os.stat(full)
-        except FileNotFoundError:
-            return 0
-        except NotADirectoryError:
-            raise IsADirectory(
-                f"cannot write {path!r}: one of its parent directories is a file"
-            ) from None
-        except OSError as exc:
-            raise _translate(exc, "write", path) from None
-        return _regular_file_version(st, "write", path)
+            for name in rel.split("/"):
+                done = f"{done}/{name}" if done else name
+                try:
+                    step = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except FileNotFoundError:
+                    try:
+                        step = self._mkdir_at(fd, name, done)[0]
+                    except FileExistsError:  # made meanwhile
+                        step = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = step
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
-    def _open_temp(self, parent: str, path: str) -> tuple[str, int]:
-        """Create a fresh temp file in ``parent`` (making directories as needed)."""
-        name = os.path.join(parent, TEMP_PREFIX + secrets.token_hex(8))
+    def _mkdir_at(self, dir_fd: int, name: str, rel: str) -> tuple[int, int]:
+        """Make the directory ``name`` in ``dir_fd`` (``rel`` is its path), stamped above
+        its floor and fsynced, then restamp and fsync ``dir_fd``; return the new
+        directory's descriptor and version. Raises OSError, and then leaves no
+        directory behind."""
+        os.mkdir(name, 0o777, dir_fd=dir_fd)
         try:
+            fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
             try:
-                return name, os.open(name, _TEMP_FLAGS, 0o666)
-            except FileNotFoundError:
-                self._make_dirs(parent, path)
-                return name, os.open(name, _TEMP_FLAGS, 0o666)
-        except OSError as exc:
-            raise _translate(exc, "write", path) from None
-
-    def _make_dirs(self, parent: str, path: str) -> None:
-        """Create ``parent`` and its missing ancestors below the root, durably."""
-        current = self.root
-        for part in parent[len(self._prefix) :].split(os.sep):
-            child = os.path.join(current, part)
-            try:
-                os.mkdir(child, 0o777)
-            except FileExistsError:
-                if not os.path.isdir(child):
-                    raise IsADirectory(
-                        f"cannot write {path!r}: "
-                        f"{child[len(self._prefix) :]!r} is a file, not a directory"
-                    ) from None
-            else:
-                self._dir_changed_at(current)  # the new entry in ``current`` is durable
-            current = child
+                version = self._restamp(fd, self._dir_key(rel))
+                os.fsync(fd)
+                self._dir_changed(dir_fd, self._dir_key(_parent_of(rel)))
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            with suppress(OSError):
+                os.rmdir(name, dir_fd=dir_fd)
+            raise
+        return fd, version
 
     def _raise_floor(self, key: str, version: int) -> None:
         with self._mutex:
@@ -1182,29 +1126,15 @@ class Store:
         self._restamp(dir_fd, key)
         os.fsync(dir_fd)
 
-    def _dir_changed_at(self, full_dir: str) -> None:
-        """:meth:`_dir_changed` for a directory named by its real absolute path."""
-        fd = os.open(full_dir, _DIR_FLAGS)
-        try:
-            self._dir_changed(fd, os.path.join(full_dir, ""))
-        finally:
-            os.close(fd)
-
-    def _replace_durably(self, tmp: str, fd: int, full: str, data: bytes, *, minimum: int) -> int:
-        """Steps 2-5 of a write (see "Writes" above) for the temp file ``tmp`` open as
-        ``fd`` (closed here): see :func:`_fill` and :meth:`_install`."""
-        version = _fill(tmp, fd, data, minimum=minimum)
-        parent = os.path.dirname(full)
-        try:
-            dir_fd = os.open(parent, _DIR_FLAGS)
-        except BaseException:
-            _unlink_quietly(tmp)
-            raise
-        try:
-            key = os.path.join(parent, "")
-            self._install(dir_fd, os.path.basename(tmp), dir_fd, key, os.path.basename(full))
-        finally:
-            os.close(dir_fd)
+    def _replace_durably(
+        self, dir_fd: int, key: str, name: str, data: bytes, *, minimum: int
+    ) -> int:
+        """Steps 1-5 of a write (see "Writes" above) of ``name`` in the directory
+        ``dir_fd`` (lock key ``key``): see :func:`_fill` and :meth:`_install`."""
+        temp = TEMP_PREFIX + secrets.token_hex(8)
+        fd = os.open(temp, _TEMP_FLAGS, 0o666, dir_fd=dir_fd)
+        version = _fill(dir_fd, temp, fd, data, minimum=minimum)
+        self._install(dir_fd, temp, dir_fd, key, name)
         return version
 
     def _install(self, tmp_dir: int, tmp: str, dir_fd: int, key: str, name: str) -> None:
@@ -1283,10 +1213,8 @@ def _key(st: os.stat_result) -> _Key:
 
 def _regular_file_version(st: os.stat_result, op: str, path: str) -> int:
     """The version of a regular file; IsADirectory or FscacheError for anything else."""
-    if stat_mod.S_ISDIR(st.st_mode):
+    if _file_or_dir(st, op, path):
         raise IsADirectory(f"cannot {op} {path!r}: it is a directory")
-    if not stat_mod.S_ISREG(st.st_mode):
-        raise FscacheError(f"cannot {op} {path!r}: not a regular file")
     return st.st_mtime_ns
 
 
@@ -1350,10 +1278,10 @@ def _stamp(fd: int, minimum: int) -> int:
     raise FscacheError("the store's file system cannot record a new version (mtime)")
 
 
-def _fill(tmp: str, fd: int, data: bytes, *, minimum: int) -> int:
-    """Steps 2-3 of a write (see "Writes" above): ``data`` into the temp file ``tmp``
-    open as ``fd`` (closed here), a version stamp >= ``minimum``, fsync. Returns the
-    version; raises OSError, and then leaves no temp file behind."""
+def _fill(dir_fd: int, temp: str, fd: int, data: bytes, *, minimum: int) -> int:
+    """Steps 2-3 of a write (see "Writes" above): ``data`` into the temp file ``temp``
+    in ``dir_fd``, open as ``fd`` (closed here), a version stamp >= ``minimum``, fsync.
+    Returns the version; raises OSError, and then leaves no temp file behind."""
     try:
         try:
             _write_all(fd, data)
@@ -1362,14 +1290,10 @@ def _fill(tmp: str, fd: int, data: bytes, *, minimum: int) -> int:
         finally:
             os.close(fd)
     except BaseException:
-        _unlink_quietly(tmp)
+        with suppress(OSError):  # if it stays, recover() removes it at the next start
+            os.unlink(temp, dir_fd=dir_fd)
         raise
     return version
-
-
-def _unlink_quietly(path: str) -> None:
-    with suppress(OSError):  # if it stays, recover() removes it at the next start
-        os.unlink(path)
 
 
 def _is_utf8(name: str) -> bool:
@@ -1382,20 +1306,42 @@ def _is_utf8(name: str) -> bool:
     return True
 
 
-def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
+def _lstat_at(dir_fd: int, name: str, op: str, path: str) -> os.stat_result | None:
     """``lstat`` of ``name`` in the directory ``dir_fd``; None if there is nothing."""
     try:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise _translate(exc, op, path) from None
+
+
+def _check_path(path: str, op: str) -> None:
+    """:class:`BadPath` unless ``path`` is a plain relative path below the root with no
+    reserved name (every normalised path but ``""`` is)."""
+    if not path:
+        raise BadPath(f"cannot {op} the root")
+    if _plainly_relative(path):
+        return
+    if (
+        "\0" in path
+        or path.startswith("/")
+        or any(
+            part in ("", ".", "..") or part.startswith(RESERVED_PREFIX) for part in path.split("/")
+        )
+    ):
+        raise BadPath(f"cannot {op} {path!r}: not a plain path below the root, or a reserved name")
 
 
 def _file_or_dir(st: os.stat_result, op: str, path: str) -> bool:
-    """Whether ``st`` is a directory; FscacheError unless a directory or regular file."""
+    """Whether ``st`` is a directory; BadPath for a symlink (never followed: see
+    Confinement), FscacheError for anything else but a regular file."""
     if stat_mod.S_ISDIR(st.st_mode):
         return True
     if stat_mod.S_ISREG(st.st_mode):
         return False
+    if stat_mod.S_ISLNK(st.st_mode):
+        raise BadPath(f"cannot {op} {path!r}: it is a symlink, which the store never follows")
     raise FscacheError(f"cannot {op} {path!r}: not a regular file or directory")
 
 
