@@ -866,7 +866,7 @@ class Store:
         fd = os.open(self.root, _DIR_FLAGS)
         for name in rel.split("/") if rel else ():
             try:
-                step = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                step = _step(fd, name)
             finally:
                 os.close(fd)
             fd = step
@@ -1065,12 +1065,12 @@ class Store:
             for name in rel.split("/"):
                 done = f"{done}/{name}" if done else name
                 try:
-                    step = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                    step = _step(fd, name)
                 except FileNotFoundError:
                     try:
                         step = self._mkdir_at(fd, name, done)[0]
                     except FileExistsError:  # made meanwhile
-                        step = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                        step = _step(fd, name)
                 os.close(fd)
                 fd = step
         except BaseException:
@@ -1085,7 +1085,7 @@ class Store:
         directory behind."""
         os.mkdir(name, 0o777, dir_fd=dir_fd)
         try:
-            fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
+            fd = _step(dir_fd, name)
             try:
                 version = self._restamp(fd, self._dir_key(rel))
                 os.fsync(fd)
@@ -1314,6 +1314,17 @@ def _lstat_at(dir_fd: int, name: str, op: str, path: str) -> os.stat_result | No
         return None
     except OSError as exc:
         raise _translate(exc, op, path) from None
+
+
+def _step(dir_fd: int, name: str) -> int:
+    """Open the directory ``name`` in ``dir_fd``, never through a symlink: ELOOP for
+    one (the kernel says ENOTDIR when ``O_DIRECTORY`` meets it), as ``openat2`` does."""
+    try:
+        return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except NotADirectoryError:
+        if stat_mod.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name) from None
+        raise
 
 
 def _check_path(path: str, op: str) -> None:

@@ -8,10 +8,12 @@ where this machine will not mount one).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import subprocess
+import threading
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -445,9 +447,13 @@ def _outside_untouched(outside: Path) -> None:
     assert os.listdir(outside / "sub") == []
 
 
-def test_every_confined_operation_refuses_a_symlink_where_a_directory_was(
-    store: Store, root: Path, outside: Path
+@pytest.mark.parametrize("resolver", ["openat2", "steps"])
+def test_every_operation_refuses_a_symlink_where_a_directory_was(
+    store: Store, root: Path, outside: Path, resolver: str
 ) -> None:
+    """With openat2, or without it (one O_NOFOLLOW step per name from the root)."""
+    if resolver == "steps":
+        store._openat2 = None
     store.mkdir("d")
     store.write("f", b"x")
     os.rmdir(root / "d")
@@ -463,6 +469,12 @@ def test_every_confined_operation_refuses_a_symlink_where_a_directory_was(
         lambda: store.mkdir("d/sub2"),
         lambda: store.rmdir("d/sub"),
         lambda: store.scandir("d"),
+        lambda: store.read("d/secret"),
+        lambda: store.write("d/secret", b"pwned"),
+        lambda: store.write("d/new/deeper", b"pwned"),
+        lambda: store.delete("d/secret"),
+        lambda: store.stat("d/secret"),
+        lambda: store.listdir("d"),
     ]
     for op in ops:
         with pytest.raises(BadPath):
@@ -504,6 +516,29 @@ def test_the_last_name_is_never_followed(store: Store, root: Path, outside: Path
         store.rename("link", "moved")
     _outside_untouched(outside)
     assert os.readlink(root / "link") == str(outside / "secret")
+
+
+def test_crossing_renames_from_many_threads_neither_deadlock_nor_lose_a_file(
+    store: Store,
+) -> None:
+    """Each rename locks both names in one order, so a->b and b->a never wait on
+    each other forever; every rename is atomic, so exactly one file stays."""
+    store.write("a", b"the file")
+    rounds = 200
+
+    def shuttle(src: str, dst: str) -> None:
+        for _ in range(rounds):
+            with contextlib.suppress(NotFound):  # the other thread moved it first
+                store.rename(src, dst)
+
+    threads = [threading.Thread(target=shuttle, args=pair) for pair in [("a", "b"), ("b", "a")]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    names = [name for name, *_ in store.scandir("")[1]]
+    assert len(names) == 1 and store.read(names[0])[1] == b"the file"
 
 
 # ------------------------------------------------------------ durability order
