@@ -61,6 +61,24 @@ class IsADirectory(FscacheError):
     code = "is_a_directory"
 
 
+class NotADirectory(FscacheError):
+    """The path names a file (or nothing a directory can be) where a directory was expected."""
+
+    code = "not_a_directory"
+
+
+class NotEmpty(FscacheError):
+    """The directory still holds entries (rmdir, or a rename over it)."""
+
+    code = "not_empty"
+
+
+class Exists(FscacheError):
+    """The path already exists (mkdir)."""
+
+    code = "exists"
+
+
 _BY_CODE: dict[str, type[FscacheError]] = {
     cls.code: cls
     for cls in (
@@ -73,6 +91,9 @@ _BY_CODE: dict[str, type[FscacheError]] = {
         Unauthorized,
         ProtocolError,
         IsADirectory,
+        NotADirectory,
+        NotEmpty,
+        Exists,
     )
 }
 

@@ -7,8 +7,9 @@ Layout.  The file ``a/b`` lives at ``<root>/a/b`` and holds exactly its contents
 no side files, no database.  Its version is the file's own ``st_mtime_ns``, so data
 and version live in one inode and can never disagree.  The store's private files
 use names starting with :data:`fscache.paths.RESERVED_PREFIX`, which clients can
-never name; :meth:`Store.listdir` hides them.  The server keeps its own small files
-(:meth:`Store.save_state`) in the directory of that very name, written like any file.
+never name; :meth:`Store.listdir` and :meth:`Store.scandir` hide them.  The server
+keeps its own small files (:meth:`Store.save_state`) in the directory of that very
+name, written like any file.
 
 Writes (``docs/design.md``, "Guarantees", durability: "every acknowledged write, no
 torn file").
@@ -24,7 +25,8 @@ torn file").
 4. ``os.replace``\\s it onto the target: rename is atomic, so every observer (and
    the file system after any crash) sees either the whole old inode or the whole
    new one, never a mix;
-5. ``fsync``\\s the directory, making the rename itself durable;
+5. restamps the directory's version (see Directories) and ``fsync``\\s the
+   directory, making the rename itself durable;
 
 and only then returns, i.e. only then may the server acknowledge.  After a SIGKILL
 at any instant the kernel still holds (and eventually writes) everything the
@@ -32,14 +34,71 @@ process did, so each path holds either its last acknowledged contents or those o
 write that was in flight, each complete; an unfinished write leaves at most a temp
 file, which :meth:`Store.recover` deletes at the next start.  After a power loss the
 fsyncs give the same result, provided the disk and the file system honour fsync.
-Deletes are ``unlink`` followed by an fsync of the directory.
+Deletes are ``unlink``, a directory restamp and an fsync of the directory.
+
+Uploads (a whole-file write streamed in parts, for files of any size).
+:meth:`Store.upload_begin` creates the temp file of step 1 (mode ``0o600``: no one
+else reads a half-sent file) beside the target, whose directory must exist;
+:meth:`Store.upload_part` ``pwrite``\\s each part at its offset at once, so memory is
+bounded by one part, whatever the file's size; :meth:`Store.upload_sync` fsyncs
+the data (the slow part, which the server runs before the lease rules allow the
+write); :meth:`Store.upload_commit` then does steps 2-5 under the path's lock with
+``write``'s compare-and-set: stamp, mode as ``write`` gives, fsync (cheap: only the
+inode is left), rename, restamp and fsync of the directory.  So an upload has
+exactly ``write``'s guarantees.  The rename goes from the descriptor of the
+directory the temp file was made in to the path's parent opened anew, so the
+file lands at its path as named at commit, even if a directory on the way was
+renamed meanwhile.  A failed part or commit, and
+:meth:`Store.upload_abort`, remove the temp file; after a crash ``recover`` does.
+
+In-place writes.  :meth:`Store.write_range` (``pwrite``) and :meth:`Store.truncate`
+(``ftruncate``) change the file's own inode: stamp a new version by the rule under
+Versions, fsync data and inode, and only then return.  A missing file is created
+(``O_EXCL``; its directory must exist), and then the directory is restamped and
+fsynced too.  Like POSIX ``pwrite``, they are *not* atomic against a crash: after
+a SIGKILL or power loss mid-write the bytes being written may be partly old,
+partly new (every *acknowledged* write is durable).  A full disk is caught before
+any byte changes where the file system can: the range is reserved first with
+``posix_fallocate``.  Such writes break the rule "an inode is never written
+after its rename" that Reads rely on; a read racing one could pair the old
+version with new bytes.  The server never lets them race: the lease table keeps a
+key's reads waiting until the write applied on it is done (``fscache.leases``).
+
+Renames.  :meth:`Store.rename` is one ``rename(2)`` between the two parent
+directories' descriptors, so it has the kernel's atomicity: a file over a file
+replaces it in one step, a directory may replace an empty directory, and a crash
+leaves either name set.  Then each parent is restamped and fsynced (one if they
+are the same) before returning.  A renamed file keeps its inode, hence its mtime;
+so that a version still never names two contents of one path, the moved inode is
+first stamped (``utime`` on its descriptor, fsynced) above the version ``dst``
+had and above ``dst``'s floor, if it is not already; and ``src`` gets a floor, as
+after a delete.  A directory is checked again after the move (moving its ``..``
+may touch it).  Files *below* a renamed directory keep their versions: a version
+repeats at a new path only if two files there carry the very same mtime_ns.
+
+Directories.  A directory's version is its ``st_mtime_ns``.  Every change the store
+makes to a directory's name set (a file created by ``write``, an upload or an
+in-place write; delete; mkdir; rmdir; a rename in or out) ends with a restamp of
+the directory to ``max(now, mtime + 1, floor + 1)``, where ``floor`` is the
+highest version this store gave that directory (kept in memory, like the files'
+floors, and kept on rmdir and rename-away so a directory made again at that path
+starts above it), then an fsync.  The restamp comes *after* the change, so a
+version is only ever given to a name set that already holds; the kernel moves the
+mtime too (to its coarse "now"), and the floor keeps a version from going back
+to one given before.  :meth:`Store.scandir` reads the version before the entries,
+so a listing racing a change pairs newer entries with an older version, which
+the next comparison rejects, never the reverse.  Limits: between a change and its
+restamp the kernel's value shows; changes by other programs move the mtime as
+the kernel does (fine); a program that *sets* mtimes can move it back; temp files
+coming and going move it too (the names shown do not change).
 
 Reads.  :meth:`Store.read` is open, fstat, read on one file descriptor.  The
-descriptor pins one inode, and inodes are never written after their rename, so the
+descriptor pins one inode, and ``write`` never writes an inode after its rename
+(in-place writes are kept apart by the lease rules: see In-place writes), so the
 version (``fstat().st_mtime_ns``) and the data always belong together, even if a
 write replaces the file mid-read.  No lock, no thread: it is the server's hot path.
 The open is one ``openat2`` confined by the kernel to the root with no symlink on
-the way (Linux 5.6+; see Paths), with ``O_NOATIME`` where the kernel allows it (no
+the way (Linux 5.6+; see Confinement), with ``O_NOATIME`` where the kernel allows it (no
 inode write per read).  Closing the descriptor and filling the content cache wait
 for :meth:`Store.settle`, which the server calls once the reply is on its way.
 
@@ -66,8 +125,8 @@ clock stepped backwards by more than the margin, or writes through a shared
 as they do from git and rsync.
 
 The cache keeps the read path exactly as safe: an entry is made only from a
-descriptor that landed at ``root/path`` itself (no symlink anywhere on the way,
-checked as for any read), so cached bytes were always read from inside the root,
+descriptor opened as every read is (at ``root/path`` itself, no symlink on the
+way), so cached bytes were always read from inside the root,
 and a later ``lstat`` that reaches anything but that same inode misses.  (One
 difference: if a directory on the path is moved out of the root and replaced by a
 symlink to its new place, the unchanged file keeps being served from the cache
@@ -75,10 +134,9 @@ until it changes -- bytes already read from inside the root, never new ones.)  T
 cache holds at most ``content_cache_bytes`` (data plus a per-entry overhead
 estimate), files of at most ``_CACHE_ENTRY_MAX`` bytes, and evicts the oldest
 entries first.  A hit is a dict lookup, one ``lstat`` and one tuple compare; all
-changes to the cache (filling, dropping, and :meth:`Store.write` and
-:meth:`Store.delete` dropping what they replaced, only to free memory sooner) take
-a lock that a hit never touches.  Entries are cached for the paths as given, so
-an alias path simply has its own entry.
+changes to the cache (filling, dropping, and the store's own changes dropping
+what they replaced, only to free memory sooner) take a lock that a hit never
+touches.
 
 Versions.  A write sets the new file's mtime to
 ``max(time.time_ns(), old + 1, floor + 1)``, where ``old`` is the version being
@@ -101,28 +159,41 @@ forward until it really is larger than ``old`` and ``floor``.  Limits:
 * Versions look like wall-clock times but are only identifiers to compare for
   one path; nothing may use them as time (leases never do).
 
-Paths.  Callers pass paths already normalised by :func:`fscache.paths.normalize`.
-A read first tries ``openat2(root_fd, path, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)``
-(or, without ``openat2``, opens ``root/path`` and asks ``/proc/self/fd`` where the
-descriptor landed): both are free of check-then-open races.  Any path that meets a
-symlink, and every write, stat and listdir, is resolved with ``os.path.realpath``
-and refused (:class:`~fscache.errors.BadPath`) if it ends up outside the root or on
-a reserved name.  Symlinks inside the root that stay inside the root act as aliases
-(a write through one replaces the file it points to).  That resolving check is not
-proof against another local program swapping directories for symlinks between the
-check and the open (the final component is opened with ``O_NOFOLLOW``); the root
-is meant to belong to the server alone.
+Paths.  Callers pass paths already normalised by :func:`fscache.paths.normalize`;
+the store still refuses (:class:`~fscache.errors.BadPath`) the root where a file
+is meant, ``..``, absolute paths, NUL bytes and names with the reserved prefix.
+How every operation then stays beneath the root is said under Confinement.
+
+Confinement.  No operation can be made to act outside the root, or through a
+symlink, even by another local program swapping a directory for a symlink at any
+instant.  Each works on ``(descriptor of the parent directory, last name)``: the
+parent is opened with ``openat2(root_fd, parent, RESOLVE_BENEATH |
+RESOLVE_NO_SYMLINKS)`` (or, without ``openat2``, one ``O_NOFOLLOW`` step per name
+from the root's descriptor), then the last name is used only through ``*at``
+calls (``rename(src_dir_fd=, dst_dir_fd=)``, ``mkdir``/``rmdir``/``open(dir_fd=)``,
+``stat(dir_fd=, follow_symlinks=False)``, ``scandir(fd)``) that never follow a
+symlink in it.  The kernel checks and uses in one step, so there is no gap between
+the two.  A read is the same with one ``openat2`` of the whole path.  So a symlink
+anywhere on a path is refused (:class:`~fscache.errors.BadPath`), inside the root
+or not: symlinks are not aliases; ``listdir`` and ``scandir`` do not show them.
+(``recover`` and ``load_state`` use plain paths: they run at start, or read the
+server's own state directory.)
 
 Errors.  Every ``OSError`` becomes an :class:`~fscache.errors.FscacheError`
 subclass with a message naming the path.  Only programming errors (wrong argument
 types, ``ValueError``/``TypeError``) and ``MemoryError`` escape untranslated.  A
 write or delete that raises may or may not have taken effect (e.g. the directory
 fsync failed after the rename), as with any storage system; it was not acknowledged.
+A full disk (ENOSPC) or an I/O error (EIO) leaves no temp file (a failed part or
+commit ends its upload), no file or directory the failed call created, and no
+torn file except as said under In-place writes.
 
-Threads.  ``write``, ``delete`` and ``recover`` block on disk; the server calls
-``write`` and ``delete`` through ``trio.to_thread.run_sync`` and may call them from
-several threads at once.  ``read``, ``stat`` and ``listdir`` take no lock; ``read``
-and ``settle`` belong to one thread (the server's event loop).  Call ``recover``
+Threads.  Every operation but ``read``, ``settle`` and ``facts`` may block on disk;
+the server calls them through ``trio.to_thread.run_sync`` and may call them from
+several threads at once.  Changes lock their paths (a rename both, in sorted
+order); ``read``, ``read_range``, ``stat``, ``listdir``, ``scandir`` and ``facts``
+take no lock; ``read`` and ``settle`` belong to one thread (the server's event
+loop).  One :class:`Upload` is driven by one caller at a time.  Call ``recover``
 only while no write is in flight (it runs in ``__init__``).  POSIX only.
 """
 
@@ -138,18 +209,28 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from time import time_ns
 
-from fscache.errors import BadPath, Conflict, FscacheError, IsADirectory, NotFound, TooLarge
+from fscache.errors import (
+    BadPath,
+    Conflict,
+    Exists,
+    FscacheError,
+    IsADirectory,
+    NotADirectory,
+    NotEmpty,
+    NotFound,
+    ProtocolError,
+    TooLarge,
+)
 from fscache.paths import RESERVED_PREFIX
 
-__all__ = ["TEMP_PREFIX", "Store"]
+__all__ = ["TEMP_PREFIX", "Facts", "Store", "Upload"]
 
 TEMP_PREFIX = RESERVED_PREFIX + "-tmp-"
 """Name prefix of the store's temp files; anything with it is garbage after a crash."""
 
-# Where the kernel names each open descriptor's file (Linux); None: resolve paths instead.
-_PROC_FD = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else None
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture
 _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
@@ -159,6 +240,10 @@ _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONB
 _NOATIME = getattr(os, "O_NOATIME", 0)
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY
+# In-place writes; NONBLOCK: a FIFO swapped in fails (ENXIO) instead of blocking.
+_UPDATE_FLAGS = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+# The moved inode in a rename, opened only to restamp it (file or directory).
+_STAMP_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 _FLOOR_KEEP_NS = 3600 * 10**9
 """Floors older than this (by the wall clock) may be dropped once there are many."""
@@ -184,6 +269,39 @@ class _Cached:
         self.key = key
         self.version = key[3]  # st_mtime_ns
         self.data = data
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What is at a path right now (:meth:`Store.facts`): the lease rules' facts."""
+
+    exists: bool
+    is_dir: bool
+
+
+_ABSENT = Facts(exists=False, is_dir=False)
+
+
+class Upload:
+    """A streamed whole-file write in progress (see "Uploads" above).
+
+    Made by :meth:`Store.upload_begin`; ended by :meth:`Store.upload_commit` or
+    :meth:`Store.upload_abort` (or by a failed part), after which it is ``closed``.
+    """
+
+    __slots__ = ("_dir_fd", "_fd", "_temp", "path", "received")
+
+    def __init__(self, path: str, dir_fd: int, temp: str, fd: int) -> None:
+        self.path = path
+        self.received = 0
+        """Bytes written so far: the offset the next part must have."""
+        self._dir_fd = dir_fd  # the directory the temp file was made in
+        self._temp = temp  # its name there
+        self._fd = fd
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
 
 
 class _PathLock:
@@ -237,10 +355,11 @@ class Store:
         )
         self._time_ns: Callable[[], int] = time_ns  # the wall clock (a seam for tests)
         # Reads whose descriptor is still open and whose data is not yet cached: settle()
-        # (fd, path, fstat, data, when the open began or None if not cacheable)
-        self._unsettled: list[tuple[int, str, os.stat_result, bytes, int | None]] = []
+        # (fd, path, fstat, data, when the open began)
+        self._unsettled: list[tuple[int, str, os.stat_result, bytes, int]] = []
         self._openat2: Callable[[str, int], int] | None = _beneath_opener(real)
         self._read_flags = _READ_FLAGS | _NOATIME  # until O_NOATIME is refused
+        self._file_mode = _default_file_mode()  # what a committed upload gets, as write's files
         self.recover()
 
     # ------------------------------------------------------------------ public
@@ -277,8 +396,8 @@ class Store:
             self.settle()
         entry = self._content.get(path)
         if entry is not None:
-            # Only paths whose descriptor landed at exactly root/path get entries, so
-            # ``path`` is plainly relative and canonical here: no check needed.
+            # Only paths a read opened (checked, beneath the root) get entries: no
+            # check needed here.
             try:
                 st = os.stat(self._prefix + path, follow_symlinks=False)
             except OSError:
@@ -289,7 +408,7 @@ class Store:
                     return entry.version, entry.data
             self._uncache(path, entry)
         started = self._time_ns()  # before the open: see "Content cache" above
-        fd, landed_plainly = self._open_for_read(path)
+        fd = self._open_for_read(path)
         try:
             st = os.fstat(fd)
             if not stat_mod.S_ISREG(st.st_mode):
@@ -311,7 +430,7 @@ class Store:
                 raise _translate(exc, "read", path) from None
             raise
         # Whether to cache it is settle()'s business, off the reply's critical path.
-        self._unsettled.append((fd, path, st, data, started if landed_plainly else None))
+        self._unsettled.append((fd, path, st, data, started))
         return st.st_mtime_ns, data
 
     def settle(self) -> None:
@@ -324,8 +443,7 @@ class Store:
             with suppress(OSError):
                 os.close(fd)
             if (
-                started is not None  # it landed at root/path itself
-                and len(data) <= self._content_entry_max
+                len(data) <= self._content_entry_max
                 and st.st_ctime_ns <= started - _RACY_NS
                 and len(data) == st.st_size
             ):
@@ -333,87 +451,98 @@ class Store:
 
     def stat(self, path: str) -> tuple[int, int, bool]:
         """``(version, size, is_dir)``; a directory's version is its mtime, its size 0."""
-        full = self._resolve(path)
-        try:
-            st = os.stat(full)
-        except OSError as exc:
-            raise _translate(exc, "stat", path) from None
-        if stat_mod.S_ISDIR(st.st_mode):
+        if path:
+            with self._in_parent(path, "stat") as (dir_fd, name):
+                st = _lstat_at(dir_fd, name, "stat", path)
+            if st is None:
+                raise NotFound(f"cannot stat {path!r}: it does not exist")
+        else:
+            st = os.stat(self.root)
+        if _file_or_dir(st, "stat", path):
             return st.st_mtime_ns, 0, True
-        if stat_mod.S_ISREG(st.st_mode):
-            return st.st_mtime_ns, st.st_size, False
-        raise FscacheError(f"cannot stat {path!r}: not a regular file or directory")
+        return st.st_mtime_ns, st.st_size, False
 
     def write(self, path: str, data: bytes, if_version: int | None = None) -> int:
         """Durably replace the file at ``path`` with ``data``; return the new version.
 
         With ``if_version`` set, write only if the current version equals it (an
         absent file has version 0), else raise :class:`Conflict` and change nothing.
-        Returns only after data, version and directory entry are on disk.
+        Missing parent directories are made. Returns only after data, version and
+        directory entry are on disk.
         """
         if len(data) > self.max_file_size:
             raise TooLarge(
                 f"cannot write {path!r}: {len(data)} bytes is more than the "
                 f"maximum file size of {self.max_file_size}"
             )
-        full = self._resolve(path)
-        if full == self.root:
+        if not path:
             raise IsADirectory("cannot write the root: it is a directory")
-        with self._locked(full):
-            old = self._version_for_write(full, path)
-            if if_version is not None and if_version != old:
-                raise Conflict(f"cannot write {path!r}: its version is {old}, not {if_version}")
-            with self._mutex:
-                floor = self._floors.get(full, 0)
-            tmp, fd = self._open_temp(os.path.dirname(full), path)
-            try:
-                version = _replace_durably(tmp, fd, full, data, minimum=max(old, floor) + 1)
-            except OSError as exc:
-                raise _translate(exc, "write", path) from None
-            finally:
-                self._forget(path, full)
-            with self._mutex:
-                self._floors.pop(full, None)
-            return version
+        full = self._prefix + path
+        dir_fd, name = self._open_parent(path, "write", make=True)
+        try:
+            with self._locked(full):
+                old = self._file_version_at(dir_fd, name, "write", path)
+                if if_version is not None and if_version != old:
+                    raise Conflict(f"cannot write {path!r}: its version is {old}, not {if_version}")
+                with self._mutex:
+                    floor = self._floors.get(full, 0)
+                key = self._dir_key(_parent_of(path))
+                try:
+                    version = self._replace_durably(
+                        dir_fd, key, name, data, minimum=max(old, floor) + 1
+                    )
+                except OSError as exc:
+                    raise _translate(exc, "write", path) from None
+                finally:
+                    self._forget(path)
+                with self._mutex:
+                    self._floors.pop(full, None)
+                return version
+        finally:
+            os.close(dir_fd)
 
     def delete(self, path: str, if_version: int | None = None) -> None:
         """Durably remove the file at ``path``.
 
         :class:`NotFound` if it does not exist (whatever ``if_version`` says),
         :class:`Conflict` if ``if_version`` is set and differs from its version,
-        :class:`IsADirectory` for a directory (directories are never removed).
+        :class:`IsADirectory` for a directory (:meth:`rmdir` removes those).
         """
-        full = self._resolve(path)
-        if full == self.root:
+        if not path:
             raise IsADirectory("cannot delete the root: it is a directory")
-        with self._locked(full):
-            try:
-                st = os.stat(full)
-            except OSError as exc:
-                raise _translate(exc, "delete", path) from None
+        full = self._prefix + path
+        with self._in_parent(path, "delete") as (dir_fd, name), self._locked(full):
+            st = _lstat_at(dir_fd, name, "delete", path)
+            if st is None:
+                raise NotFound(f"cannot delete {path!r}: it does not exist")
             _regular_file_version(st, "delete", path)
             if if_version is not None and if_version != st.st_mtime_ns:
                 raise Conflict(
                     f"cannot delete {path!r}: its version is {st.st_mtime_ns}, not {if_version}"
                 )
             try:
-                os.unlink(full)
+                os.unlink(name, dir_fd=dir_fd)
             except OSError as exc:
                 raise _translate(exc, "delete", path) from None
-            self._forget(path, full)
+            self._forget(path)
             self._raise_floor(full, st.st_mtime_ns)
             try:
-                _fsync_dir(os.path.dirname(full))
+                self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
             except OSError as exc:
                 raise _translate(exc, "delete", path) from None
 
     def save_state(self, name: str, data: bytes) -> None:
         """Durably write the server's own file ``name`` in the state directory
         (``<root>/.fscache``, a reserved name no client can reach), as any write is."""
-        state = os.path.join(self.root, RESERVED_PREFIX)
-        tmp, fd = self._open_temp(state, name)
         try:
-            _replace_durably(tmp, fd, os.path.join(state, name), data, minimum=0)
+            try:
+                dir_fd = self._open_dir(RESERVED_PREFIX)
+            except FileNotFoundError:
+                dir_fd = self._make_dirs(RESERVED_PREFIX)
+            try:
+                self._replace_durably(dir_fd, self._dir_key(RESERVED_PREFIX), name, data, minimum=0)
+            finally:
+                os.close(dir_fd)
         except OSError as exc:
             raise _translate(exc, "write", name) from None
 
@@ -428,77 +557,432 @@ class Store:
             raise _translate(exc, "read", name) from None
 
     def listdir(self, path: str) -> list[str]:
-        """Sorted names in the directory ``path`` (``""`` is the root); dirs end in ``/``.
-
-        Hidden: the store's own files, names that are not valid UTF-8, symlinks that
-        leave the root, dangling symlinks and special files (FIFOs, sockets, devices).
-        """
-        full = self._resolve(path)
-        names: list[str] = []
+        """Sorted names in the directory ``path`` (``""`` is the root); dirs end in
+        ``/``: the entries :meth:`scandir` shows. :class:`IsADirectory` for a file."""
         try:
-            with os.scandir(full) as entries:
-                for entry in entries:
+            _, entries = self.scandir(path)
+        except NotADirectory:
+            raise IsADirectory(f"cannot list {path!r}: it is a file") from None
+        return [name + "/" if is_dir else name for name, is_dir, _, _ in entries]
+
+    # ------------------------------------------------------ confined operations
+    # Each opens the parent directory beneath the root (no symlink on the way) and
+    # works on the last name with *at calls: see "Confinement" above.
+
+    def facts(self, path: str) -> Facts:
+        """Whether ``path`` exists now and is a directory (``""``, the root, is one).
+        A symlink or special file exists and is not a directory."""
+        if not path:
+            return Facts(exists=True, is_dir=True)
+        try:
+            with self._in_parent(path, "look up") as (dir_fd, name):
+                st = _lstat_at(dir_fd, name, "look up", path)
+        except NotFound:
+            return _ABSENT
+        except OSError as exc:
+            raise _translate(exc, "look up", path) from None
+        if st is None:
+            return _ABSENT
+        return Facts(exists=True, is_dir=stat_mod.S_ISDIR(st.st_mode))
+
+    def read_range(self, path: str, offset: int, length: int) -> tuple[int, int, bytes]:
+        """``(version, size, data)``: bytes ``[offset, min(offset + length, size))`` of
+        the file, its version and whole size, all from one open descriptor (see Reads)."""
+        if offset < 0 or length < 0:
+            raise ProtocolError(f"cannot read {path!r}: offset and length must be >= 0")
+        fd = self._open_for_read(path)
+        try:
+            st = os.fstat(fd)
+            version = _regular_file_version(st, "read", path)
+            data = _pread_all(fd, max(0, min(length, st.st_size - offset)), offset)
+        except OSError as exc:
+            raise _translate(exc, "read", path) from None
+        finally:
+            os.close(fd)
+        return version, st.st_size, data
+
+    def upload_begin(self, path: str) -> Upload:
+        """Start a streamed write of the whole file ``path``: a private temp file
+        beside it (its directory must exist). Nothing is visible until commit."""
+        dir_fd, name = self._open_parent(path, "upload")
+        try:
+            st = _lstat_at(dir_fd, name, "upload", path)
+            if st is not None and stat_mod.S_ISDIR(st.st_mode):
+                raise IsADirectory(f"cannot upload {path!r}: it is a directory")
+            temp = TEMP_PREFIX + secrets.token_hex(8)
+            fd = os.open(temp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
+        except BaseException as exc:
+            os.close(dir_fd)
+            if isinstance(exc, OSError):
+                raise _translate(exc, "upload", path) from None
+            raise
+        return Upload(path, dir_fd, temp, fd)
+
+    def upload_part(self, upload: Upload, offset: int, data: bytes) -> None:
+        """Write ``data`` at ``offset``, which must be the bytes received so far. A
+        failed part (a full disk) ends the upload and removes its temp file."""
+        self._check_open(upload)
+        if offset != upload.received:
+            raise ProtocolError(
+                f"upload of {upload.path!r}: part at offset {offset}, expected {upload.received}"
+            )
+        try:
+            _pwrite_all(upload._fd, data, offset)
+        except OSError as exc:
+            self.upload_abort(upload)
+            raise _translate(exc, "upload", upload.path) from None
+        upload.received += len(data)
+
+    def upload_sync(self, upload: Upload) -> None:
+        """fsync the data received so far: the slow part of a commit, which may run
+        before the lease rules allow the write (commit then only stamps and renames)."""
+        self._check_open(upload)
+        try:
+            os.fsync(upload._fd)
+        except OSError as exc:
+            self.upload_abort(upload)
+            raise _translate(exc, "upload", upload.path) from None
+
+    def upload_commit(self, upload: Upload, if_version: int | None = None) -> int:
+        """Put the upload in place of the file at its path; return the new version.
+
+        Same order and guarantees as :meth:`write` (stamp, fsync, rename, directory
+        restamp and fsync), the same compare-and-set. The upload ends either way:
+        on any error (:class:`Conflict`, :class:`IsADirectory`, ...) it is removed.
+        """
+        self._check_open(upload)
+        path = upload.path
+        full = self._prefix + path
+        try:
+            with self._in_parent(path, "write") as (dir_fd, name), self._locked(full):
+                old = self._file_version_at(dir_fd, name, "write", path)
+                if if_version is not None and if_version != old:
+                    raise Conflict(f"cannot write {path!r}: its version is {old}, not {if_version}")
+                with self._mutex:
+                    floor = self._floors.get(full, 0)
+                fd, upload._fd = upload._fd, -1
+                try:
+                    version = _stamp(fd, max(old, floor) + 1)
+                    os.fchmod(fd, self._file_mode)
+                    os.fsync(fd)  # cheap after upload_sync: the inode only
+                finally:
+                    os.close(fd)
+                key = self._dir_key(_parent_of(path))
+                self._install(upload._dir_fd, upload._temp, dir_fd, key, name)
+                self._forget(path)
+                with self._mutex:
+                    self._floors.pop(full, None)
+        except BaseException as exc:
+            self.upload_abort(upload)
+            if isinstance(exc, OSError):
+                raise _translate(exc, "write", path) from None
+            raise
+        os.close(upload._dir_fd)
+        return version
+
+    def upload_abort(self, upload: Upload) -> None:
+        """End the upload and remove its temp file; a no-op on an ended one."""
+        if upload._dir_fd < 0:
+            return
+        if upload._fd >= 0:
+            with suppress(OSError):
+                os.close(upload._fd)
+            upload._fd = -1
+        with suppress(OSError):  # if it stays, recover() removes it at the next start
+            os.unlink(upload._temp, dir_fd=upload._dir_fd)
+        with suppress(OSError):
+            os.close(upload._dir_fd)
+        upload._dir_fd = -1
+
+    def write_range(
+        self, path: str, offset: int, data: bytes, if_version: int | None = None
+    ) -> int:
+        """Write ``data`` at ``offset`` in the file, in place (creating it if missing;
+        its directory must exist); return the new version, once durable (see
+        "In-place writes" above: not atomic against a crash)."""
+        if offset < 0:
+            raise ProtocolError(f"cannot write {path!r}: offset must be >= 0, not {offset}")
+
+        def change(fd: int) -> None:
+            if data:
+                _reserve(fd, offset, len(data))
+                _pwrite_all(fd, data, offset)
+
+        return self._update_in_place(path, "write", if_version, change)
+
+    def truncate(self, path: str, size: int, if_version: int | None = None) -> int:
+        """Cut or extend (with zeros) the file to ``size`` bytes, in place, creating it
+        if missing; return the new version, once durable."""
+        if size < 0:
+            raise ProtocolError(f"cannot truncate {path!r}: size must be >= 0, not {size}")
+
+        def change(fd: int) -> None:
+            os.ftruncate(fd, size)
+
+        return self._update_in_place(path, "truncate", if_version, change)
+
+    def rename(self, src: str, dst: str) -> int:
+        """Move ``src`` to ``dst`` as POSIX ``rename(2)`` does, within the root, durably;
+        return the version now at ``dst`` (a file's, or the directory's).
+
+        A file replaces a file atomically, a directory replaces an empty directory.
+        :class:`NotFound` (``src``, or ``dst``'s directory, missing),
+        :class:`IsADirectory` (file over directory), :class:`NotADirectory`
+        (directory over file), :class:`NotEmpty`, :class:`BadPath` (the root, a
+        reserved name, ``dst`` beneath ``src``).
+        """
+        if dst.startswith(src + "/"):
+            raise BadPath(f"cannot rename {src!r} to {dst!r}: a directory cannot go inside itself")
+        src_full, dst_full = self._prefix + src, self._prefix + dst
+        with (
+            self._in_parent(src, "rename") as (src_dir, src_name),
+            self._in_parent(dst, "rename") as (dst_dir, dst_name),
+            self._locked(src_full, dst_full),
+        ):
+            src_st = _lstat_at(src_dir, src_name, "rename", src)
+            if src_st is None:
+                raise NotFound(f"cannot rename {src!r}: it does not exist")
+            is_dir = _file_or_dir(src_st, "rename", src)
+            dst_st = _lstat_at(dst_dir, dst_name, "rename", dst)
+            if src == dst:
+                return src_st.st_mtime_ns
+            if dst_st is not None and _file_or_dir(dst_st, "rename over", dst) != is_dir:
+                if is_dir:
+                    raise NotADirectory(f"cannot rename directory {src!r} over file {dst!r}")
+                raise IsADirectory(f"cannot rename file {src!r} over directory {dst!r}")
+            src_key = self._dir_key(src) if is_dir else src_full
+            dst_key = self._dir_key(dst) if is_dir else dst_full
+            with self._mutex:
+                floor = self._floors.get(dst_key, 0)
+            minimum = max(floor, dst_st.st_mtime_ns if dst_st is not None else 0) + 1
+            try:
+                fd = os.open(src_name, _STAMP_FLAGS, dir_fd=src_dir)
+                try:
+                    if os.fstat(fd).st_mtime_ns < minimum:  # see "Renames" above
+                        _stamp(fd, minimum)
+                        os.fsync(fd)
+                    os.rename(src_name, dst_name, src_dir_fd=src_dir, dst_dir_fd=dst_dir)
+                    if is_dir and os.fstat(fd).st_mtime_ns < minimum:  # ".." moved it
+                        _stamp(fd, minimum)
+                        os.fsync(fd)
+                    version = os.fstat(fd).st_mtime_ns
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise _rename_error(exc, src, dst) from None
+            self._forget(src, dst)
+            self._raise_floor(src_key, src_st.st_mtime_ns)
+            with self._mutex:
+                self._floors.pop(dst_full, None)
+            try:
+                self._dir_changed(src_dir, self._dir_key(_parent_of(src)))
+                if _parent_of(src) != _parent_of(dst):
+                    self._dir_changed(dst_dir, self._dir_key(_parent_of(dst)))
+            except OSError as exc:
+                raise _translate(exc, "rename", src) from None
+            return version
+
+    def mkdir(self, path: str) -> int:
+        """Make the directory ``path`` (its parent must exist), durably; return its
+        version. :class:`Exists` if anything is there already."""
+        full = self._prefix + path
+        with self._in_parent(path, "mkdir") as (dir_fd, name), self._locked(full):
+            try:
+                fd, version = self._mkdir_at(dir_fd, name, path)
+            except OSError as exc:
+                raise _translate(exc, "mkdir", path) from None
+            os.close(fd)
+            return version
+
+    def rmdir(self, path: str) -> None:
+        """Remove the empty directory ``path``, durably. :class:`NotEmpty`,
+        :class:`NotADirectory`, :class:`NotFound`."""
+        full = self._prefix + path
+        with self._in_parent(path, "rmdir") as (dir_fd, name), self._locked(full):
+            st = _lstat_at(dir_fd, name, "rmdir", path)
+            if st is None:
+                raise NotFound(f"cannot rmdir {path!r}: it does not exist")
+            if not stat_mod.S_ISDIR(st.st_mode):
+                raise NotADirectory(f"cannot rmdir {path!r}: it is not a directory")
+            try:
+                os.rmdir(name, dir_fd=dir_fd)
+                self._raise_floor(self._dir_key(path), st.st_mtime_ns)
+                self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
+            except OSError as exc:
+                raise _translate(exc, "rmdir", path) from None
+
+    def scandir(self, path: str) -> tuple[int, list[tuple[str, bool, int, int]]]:
+        """``(version, [(name, is_dir, size, version), ...])`` of the directory ``path``
+        (``""`` is the root), sorted by name; a directory's size is 0.
+
+        Shown: files and directories with UTF-8 names. Hidden: the store's own
+        names, symlinks (the confined operations never follow one), special files.
+        The directory's version is read before its entries (see "Directories").
+        """
+        if path:
+            _check_path(path, "list")
+        try:
+            fd = self._open_dir(path)
+        except OSError as exc:
+            if exc.errno == errno.ENOTDIR and self.facts(path).exists:
+                raise NotADirectory(f"cannot list {path!r}: it is a file") from None
+            raise _translate(exc, "list", path) from None
+        entries: list[tuple[str, bool, int, int]] = []
+        try:
+            version = os.fstat(fd).st_mtime_ns
+            with os.scandir(fd) as found:
+                for entry in found:
                     name = entry.name
                     if name.startswith(RESERVED_PREFIX) or not _is_utf8(name):
                         continue
                     try:
-                        if entry.is_symlink() and not self._inside(os.path.realpath(entry.path)):
-                            continue
-                        if entry.is_dir():
-                            names.append(name + "/")
-                        elif entry.is_file():
-                            names.append(name)
+                        st = entry.stat(follow_symlinks=False)
                     except OSError:  # vanished while we looked
                         continue
-        except NotADirectoryError:
-            if os.path.isfile(full):
-                raise IsADirectory(f"cannot list {path!r}: it is a file") from None
-            raise NotFound(f"cannot list {path!r}: it does not exist") from None
+                    if stat_mod.S_ISDIR(st.st_mode):
+                        entries.append((name, True, 0, st.st_mtime_ns))
+                    elif stat_mod.S_ISREG(st.st_mode):
+                        entries.append((name, False, st.st_size, st.st_mtime_ns))
         except OSError as exc:
             raise _translate(exc, "list", path) from None
-        names.sort()
-        return names
+        finally:
+            os.close(fd)
+        entries.sort()
+        return version, entries
 
     # ----------------------------------------------------------------- helpers
+    def _open_dir(self, rel: str) -> int:
+        """A descriptor (``O_RDONLY | O_DIRECTORY``) of the directory ``rel`` (``""``:
+        the root), reached beneath the root with no symlink on the way, by the kernel
+        (``openat2``) or, without it, one ``O_NOFOLLOW`` step per name. Raises OSError
+        (ELOOP for a symlink on the way)."""
+        if self._openat2 is not None:
+            try:
+                return self._openat2(rel or ".", _DIR_FLAGS)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSYS, errno.EPERM):
+                    raise
+                self._openat2 = None  # not here: never again
+        fd = os.open(self.root, _DIR_FLAGS)
+        for name in rel.split("/") if rel else ():
+            try:
+                step = _step(fd, name)
+            finally:
+                os.close(fd)
+            fd = step
+        return fd
 
-    def _open_for_read(self, path: str) -> tuple[int, bool]:
-        """An open descriptor for ``path``, known to lie under the root, and whether
-        it is known to be ``root/path`` itself (no symlink on the way: cacheable).
-
-        The hot path is one ``openat2`` that the kernel itself confines to the root
-        with no symlink on the way (Linux 5.6+); else ``root/path`` is opened
-        directly and the kernel asked where the descriptor landed
-        (``/proc/self/fd``). Either is free of check-then-open races. Only a path
-        that crosses a symlink takes the slow, resolving way."""
-        if _plainly_relative(path):
-            if self._openat2 is not None:
-                try:
-                    return self._open_without_atime(self._openat2, path), True
-                except OSError as exc:
-                    if exc.errno not in (errno.ELOOP, errno.EXDEV, errno.ENOSYS, errno.EPERM):
-                        raise _translate(exc, "read", path) from None
-                    if exc.errno in (errno.ENOSYS, errno.EPERM):  # not here: never again
-                        self._openat2 = None
-            elif _PROC_FD is not None:
-                expected = self._prefix + path
-                try:
-                    fd = self._open_without_atime(os.open, expected)
-                except OSError as exc:
-                    if exc.errno != errno.ELOOP:  # ELOOP: the last component is a symlink
-                        raise _translate(exc, "read", path) from None
-                else:
-                    try:
-                        landed = os.readlink(f"{_PROC_FD}/{fd}")
-                    except OSError:
-                        landed = None
-                    if landed == expected:
-                        return fd, True
-                    os.close(fd)  # a symlink on the way: judge it by the slow path
-        full = self._resolve(path)
+    def _open_parent(self, path: str, op: str, *, make: bool = False) -> tuple[int, str]:
+        """``(descriptor of the parent directory, last name)`` of ``path`` (see
+        :meth:`_open_dir`): what every confined operation works on. :class:`BadPath`
+        for the root or a reserved name, :class:`NotFound` if the parent is missing
+        (with ``make``, missing directories are made, and a file on the way is
+        :class:`IsADirectory`)."""
+        _check_path(path, op)
+        head, _, name = path.rpartition("/")
         try:
-            return self._open_without_atime(os.open, full), full == self._prefix + path
+            try:
+                return self._open_dir(head), name
+            except FileNotFoundError:
+                if not make:
+                    raise
+                return self._make_dirs(head), name
+        except NotADirectoryError:
+            if not make:
+                raise NotFound(f"cannot {op} {path!r}: it does not exist") from None
+            raise IsADirectory(
+                f"cannot {op} {path!r}: one of its parent directories is a file"
+            ) from None
         except OSError as exc:
-            raise _translate(exc, "read", path) from None
+            raise _translate(exc, op, path) from None
+
+    @contextmanager
+    def _in_parent(self, path: str, op: str) -> Iterator[tuple[int, str]]:
+        """:meth:`_open_parent`, closed on leaving."""
+        dir_fd, name = self._open_parent(path, op)
+        try:
+            yield dir_fd, name
+        finally:
+            os.close(dir_fd)
+
+    def _dir_key(self, rel: str) -> str:
+        """The lock and floor key of the directory ``rel``: its real path and a ``/``."""
+        return os.path.join(self.root, rel, "")
+
+    def _file_version_at(self, dir_fd: int, name: str, op: str, path: str) -> int:
+        """The version of the file ``name`` in ``dir_fd``: 0 if absent; refuse others."""
+        st = _lstat_at(dir_fd, name, op, path)
+        return 0 if st is None else _regular_file_version(st, op, path)
+
+    def _update_in_place(
+        self, path: str, op: str, if_version: int | None, change: Callable[[int], None]
+    ) -> int:
+        """``change(fd)`` on the file (created if missing), a new version, fsync; the
+        directory restamped and fsynced if the file is new (see "In-place writes")."""
+        full = self._prefix + path
+        with self._in_parent(path, op) as (dir_fd, name), self._locked(full):
+            old = self._file_version_at(dir_fd, name, op, path)
+            if if_version is not None and if_version != old:
+                raise Conflict(f"cannot {op} {path!r}: its version is {old}, not {if_version}")
+            with self._mutex:
+                floor = self._floors.get(full, 0)
+            created = old == 0
+            try:
+                flags = _UPDATE_FLAGS | (os.O_CREAT | os.O_EXCL if created else 0)
+                fd = os.open(name, flags, 0o666, dir_fd=dir_fd)
+            except OSError as exc:
+                raise _translate(exc, op, path) from None
+            try:
+                try:
+                    change(fd)
+                    version = _stamp(fd, max(old, floor) + 1)
+                    os.fsync(fd)  # data and inode (the new mtime) in one go
+                finally:
+                    os.close(fd)
+                if created:
+                    self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
+            except BaseException as exc:
+                if created:  # no stray file: the name was never acknowledged
+                    with suppress(OSError):
+                        os.unlink(name, dir_fd=dir_fd)
+                if isinstance(exc, OSError):
+                    raise _translate(exc, op, path) from None
+                raise
+            finally:
+                self._forget(path)
+            with self._mutex:
+                self._floors.pop(full, None)
+            return version
+
+    @staticmethod
+    def _check_open(upload: Upload) -> None:
+        if upload.closed:
+            raise ProtocolError(f"the upload of {upload.path!r} has ended")
+
+    def _open_for_read(self, path: str) -> int:
+        """An open descriptor for ``path``, reached beneath the root with no symlink on
+        the way: one ``openat2`` on the hot path (Linux 5.6+), else the parent as
+        every confined operation opens it, then the last name with ``O_NOFOLLOW``."""
+        if not _plainly_relative(path):
+            if not path:
+                raise IsADirectory("cannot read the root: it is a directory")
+            _check_path(path, "read")
+        if self._openat2 is not None:
+            try:
+                return self._open_without_atime(self._openat2, path)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSYS, errno.EPERM):
+                    raise _translate(exc, "read", path) from None
+                self._openat2 = None  # not here: never again
+        with self._in_parent(path, "read") as (dir_fd, name):
+
+            def open_at(target: str, flags: int) -> int:
+                return os.open(target, flags, dir_fd=dir_fd)
+
+            try:
+                return self._open_without_atime(open_at, name)
+            except OSError as exc:
+                raise _translate(exc, "read", path) from None
 
     def _open_without_atime(self, opener: Callable[[str, int], int], target: str) -> int:
         """``opener(target, flags)`` for reading, with ``O_NOATIME`` where the kernel
@@ -535,100 +1019,137 @@ class Store:
                 del self._content[path]
                 self._content_bytes -= len(entry.data) + _CACHE_ENTRY_OVERHEAD
 
-    def _forget(self, path: str, full: str) -> None:
-        """Drop the entries for a file we replaced or removed (to free memory early:
-        validation alone would miss them).  ``full`` covers ``path`` being an alias."""
+    def _forget(self, *paths: str) -> None:
+        """Drop the entries for files we replaced or removed (to free memory early:
+        validation alone would miss them)."""
         with self._content_lock:
-            for key in {path, full[len(self._prefix) :]}:
-                entry = self._content.pop(key, None)
+            for path in paths:
+                entry = self._content.pop(path, None)
                 if entry is not None:
                     self._content_bytes -= len(entry.data) + _CACHE_ENTRY_OVERHEAD
 
-    def _inside(self, full: str) -> bool:
-        return full == self.root or full.startswith(self._prefix)
-
-    def _resolve(self, path: str) -> str:
-        """The real absolute path of ``path`` under the root, or :class:`BadPath`."""
-        try:
-            full = os.path.realpath(os.path.join(self.root, path))
-        except (OSError, ValueError) as exc:  # e.g. an embedded NUL byte
-            raise BadPath(f"bad path {path!r}: {exc}") from None
-        if not self._inside(full):
-            raise BadPath(f"path {path!r} leads outside the store's root")
-        if RESERVED_PREFIX in full[len(self._prefix) :] and any(
-            part.startswith(RESERVED_PREFIX) for part in full[len(self._prefix) :].split(os.sep)
-        ):
-            raise BadPath(f"path {path!r} leads to a name reserved for the store")
-        return full
-
     @contextmanager
-    def _locked(self, full: str) -> Iterator[None]:
-        """Serialise writes and deletes of one path (compare-and-set must be atomic)."""
+    def _locked(self, *fulls: str) -> Iterator[None]:
+        """Serialise the changes of each path (compare-and-set must be atomic). Several
+        paths (a rename) are locked in sorted order, so two callers never deadlock."""
+        keys = sorted(set(fulls))
         with self._mutex:
-            entry = self._locks.get(full)
-            if entry is None:
-                entry = self._locks[full] = _PathLock()
-            entry.users += 1
+            entries = []
+            for key in keys:
+                entry = self._locks.get(key)
+                if entry is None:
+                    entry = self._locks[key] = _PathLock()
+                entry.users += 1
+                entries.append(entry)
+        held: list[_PathLock] = []
         try:
-            with entry.lock:
-                yield
+            for entry in entries:
+                entry.lock.acquire()
+                held.append(entry)
+            yield
         finally:
+            for entry in reversed(held):
+                entry.lock.release()
             with self._mutex:
-                entry.users -= 1
-                if entry.users == 0:
-                    del self._locks[full]
+                for key, entry in zip(keys, entries, strict=True):
+                    entry.users -= 1
+                    if entry.users == 0:
+                        del self._locks[key]
 
-    def _version_for_write(self, full: str, path: str) -> int:
-        """The version ``write`` replaces: 0 if absent; refuse directories."""
+    def _make_dirs(self, rel: str) -> int:
+        """Open the directory ``rel``, making it and its missing ancestors durably (see
+        :meth:`_mkdir_at`), one ``O_NOFOLLOW`` step at a time from the root."""
+        fd = self._open_dir("")
+        done = ""
         try:
-            st = os.stat(full)
-        except FileNotFoundError:
-            return 0
-        except NotADirectoryError:
-            raise IsADirectory(
-                f"cannot write {path!r}: one of its parent directories is a file"
-            ) from None
-        except OSError as exc:
-            raise _translate(exc, "write", path) from None
-        return _regular_file_version(st, "write", path)
+            for name in rel.split("/"):
+                done = f"{done}/{name}" if done else name
+                try:
+                    step = _step(fd, name)
+                except FileNotFoundError:
+                    try:
+                        step = self._mkdir_at(fd, name, done)[0]
+                    except FileExistsError:  # made meanwhile
+                        step = _step(fd, name)
+                os.close(fd)
+                fd = step
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
-    def _open_temp(self, parent: str, path: str) -> tuple[str, int]:
-        """Create a fresh temp file in ``parent`` (making directories as needed)."""
-        name = os.path.join(parent, TEMP_PREFIX + secrets.token_hex(8))
+    def _mkdir_at(self, dir_fd: int, name: str, rel: str) -> tuple[int, int]:
+        """Make the directory ``name`` in ``dir_fd`` (``rel`` is its path), stamped above
+        its floor and fsynced, then restamp and fsync ``dir_fd``; return the new
+        directory's descriptor and version. Raises OSError, and then leaves no
+        directory behind."""
+        os.mkdir(name, 0o777, dir_fd=dir_fd)
         try:
+            fd = _step(dir_fd, name)
             try:
-                return name, os.open(name, _TEMP_FLAGS, 0o666)
-            except FileNotFoundError:
-                self._make_dirs(parent, path)
-                return name, os.open(name, _TEMP_FLAGS, 0o666)
-        except OSError as exc:
-            raise _translate(exc, "write", path) from None
+                version = self._restamp(fd, self._dir_key(rel))
+                os.fsync(fd)
+                self._dir_changed(dir_fd, self._dir_key(_parent_of(rel)))
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            with suppress(OSError):
+                os.rmdir(name, dir_fd=dir_fd)
+            raise
+        return fd, version
 
-    def _make_dirs(self, parent: str, path: str) -> None:
-        """Create ``parent`` and its missing ancestors below the root, durably."""
-        current = self.root
-        for part in parent[len(self._prefix) :].split(os.sep):
-            child = os.path.join(current, part)
-            try:
-                os.mkdir(child, 0o777)
-            except FileExistsError:
-                if not os.path.isdir(child):
-                    raise IsADirectory(
-                        f"cannot write {path!r}: "
-                        f"{child[len(self._prefix) :]!r} is a file, not a directory"
-                    ) from None
-            else:
-                _fsync_dir(current)  # the new entry in ``current`` is durable
-            current = child
-
-    def _raise_floor(self, full: str, version: int) -> None:
+    def _raise_floor(self, key: str, version: int) -> None:
         with self._mutex:
-            if version > self._floors.get(full, 0):
-                self._floors[full] = version
-            if len(self._floors) > self._prune_at:
-                cutoff = time_ns() - _FLOOR_KEEP_NS
-                self._floors = {k: v for k, v in self._floors.items() if v >= cutoff}
-                self._prune_at = max(_FLOOR_PRUNE_MIN, 2 * len(self._floors))
+            self._raise_floor_locked(key, version)
+
+    def _raise_floor_locked(self, key: str, version: int) -> None:
+        if version > self._floors.get(key, 0):
+            self._floors[key] = version
+        if len(self._floors) > self._prune_at:
+            cutoff = time_ns() - _FLOOR_KEEP_NS
+            self._floors = {k: v for k, v in self._floors.items() if v >= cutoff}
+            self._prune_at = max(_FLOOR_PRUNE_MIN, 2 * len(self._floors))
+
+    def _restamp(self, fd: int, key: str) -> int:
+        """Give the directory (or file) open as ``fd`` a version above its current
+        mtime and above every version this store gave ``key`` (see "Directories")."""
+        with self._mutex:
+            floor = max(os.fstat(fd).st_mtime_ns, self._floors.get(key, 0))
+            version = _stamp(fd, floor + 1)
+            self._raise_floor_locked(key, version)
+        return version
+
+    def _dir_changed(self, dir_fd: int, key: str) -> None:
+        """After a change to the names in the directory ``dir_fd`` (lock key ``key``):
+        a new directory version, then fsync, so the change and the version are durable."""
+        self._restamp(dir_fd, key)
+        os.fsync(dir_fd)
+
+    def _replace_durably(
+        self, dir_fd: int, key: str, name: str, data: bytes, *, minimum: int
+    ) -> int:
+        """Steps 1-5 of a write (see "Writes" above) of ``name`` in the directory
+        ``dir_fd`` (lock key ``key``): see :func:`_fill` and :meth:`_install`."""
+        temp = TEMP_PREFIX + secrets.token_hex(8)
+        fd = os.open(temp, _TEMP_FLAGS, 0o666, dir_fd=dir_fd)
+        version = _fill(dir_fd, temp, fd, data, minimum=minimum)
+        self._install(dir_fd, temp, dir_fd, key, name)
+        return version
+
+    def _install(self, tmp_dir: int, tmp: str, dir_fd: int, key: str, name: str) -> None:
+        """Rename the stamped, fsynced temp file ``tmp`` (in directory ``tmp_dir``) onto
+        ``name`` in ``dir_fd``, then restamp and fsync that directory (and the temp's
+        own, if another). Raises OSError; a temp file that was not renamed is removed."""
+        try:
+            os.rename(tmp, name, src_dir_fd=tmp_dir, dst_dir_fd=dir_fd)
+        except BaseException:
+            with suppress(OSError):  # if it stays, recover() removes it at the next start
+                os.unlink(tmp, dir_fd=tmp_dir)
+            raise
+        self._dir_changed(dir_fd, key)
+        if tmp_dir != dir_fd and not os.path.samestat(os.fstat(tmp_dir), os.fstat(dir_fd)):
+            os.fsync(tmp_dir)
 
 
 # --------------------------------------------------------------------- functions
@@ -655,8 +1176,9 @@ def _beneath_opener(root: str) -> Callable[[str, int], int] | None:
                     ("resolve", ctypes.c_uint64))  # fmt: skip
 
     resolve = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS
-    hows = {  # by open flags: the two the store uses, built once
-        flags: OpenHow(flags, 0, resolve) for flags in (_READ_FLAGS, _READ_FLAGS | _NOATIME)
+    hows = {  # by open flags: the three the store uses, built once
+        flags: OpenHow(flags, 0, resolve)
+        for flags in (_READ_FLAGS, _READ_FLAGS | _NOATIME, _DIR_FLAGS)
     }
     refs = {flags: ctypes.byref(how) for flags, how in hows.items()}
     how_size = ctypes.sizeof(OpenHow)
@@ -691,10 +1213,8 @@ def _key(st: os.stat_result) -> _Key:
 
 def _regular_file_version(st: os.stat_result, op: str, path: str) -> int:
     """The version of a regular file; IsADirectory or FscacheError for anything else."""
-    if stat_mod.S_ISDIR(st.st_mode):
+    if _file_or_dir(st, op, path):
         raise IsADirectory(f"cannot {op} {path!r}: it is a directory")
-    if not stat_mod.S_ISREG(st.st_mode):
-        raise FscacheError(f"cannot {op} {path!r}: not a regular file")
     return st.st_mtime_ns
 
 
@@ -705,10 +1225,18 @@ def _translate(exc: OSError, op: str, path: str) -> FscacheError:
         return NotFound(f"cannot {op} {path!r}: it does not exist")
     if code == errno.EISDIR:
         return IsADirectory(f"cannot {op} {path!r}: it is a directory")
+    if code in (errno.ENOTEMPTY, errno.EEXIST):
+        if code == errno.EEXIST:
+            return Exists(f"cannot {op} {path!r}: it exists")
+        return NotEmpty(f"cannot {op} {path!r}: the directory is not empty")
+    if code == errno.EFBIG:
+        return TooLarge(f"cannot {op} {path!r}: larger than the file system allows")
     if code in (errno.ELOOP, errno.ENAMETOOLONG):
         return BadPath(f"cannot {op} {path!r}: {exc.strerror}")
     if code in (errno.ENOSPC, errno.EDQUOT):
         return FscacheError(f"cannot {op} {path!r}: the store's disk is full")
+    if code == errno.EIO:
+        return FscacheError(f"cannot {op} {path!r}: the store's disk failed (I/O error)")
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
         return FscacheError(f"cannot {op} {path!r}: the store may not ({exc.strerror})")
     return FscacheError(f"cannot {op} {path!r}: {exc.strerror or exc} (errno {code})")
@@ -750,11 +1278,10 @@ def _stamp(fd: int, minimum: int) -> int:
     raise FscacheError("the store's file system cannot record a new version (mtime)")
 
 
-def _replace_durably(tmp: str, fd: int, full: str, data: bytes, *, minimum: int) -> int:
-    """Steps 2-5 of a write (see "Writes" above): ``data`` into the temp file ``tmp``
-    open as ``fd`` (closed here), a version stamp >= ``minimum``, fsync, rename onto
-    ``full``, fsync of the directory. Returns the version; raises OSError, and then
-    leaves no temp file behind."""
+def _fill(dir_fd: int, temp: str, fd: int, data: bytes, *, minimum: int) -> int:
+    """Steps 2-3 of a write (see "Writes" above): ``data`` into the temp file ``temp``
+    in ``dir_fd``, open as ``fd`` (closed here), a version stamp >= ``minimum``, fsync.
+    Returns the version; raises OSError, and then leaves no temp file behind."""
     try:
         try:
             _write_all(fd, data)
@@ -762,25 +1289,11 @@ def _replace_durably(tmp: str, fd: int, full: str, data: bytes, *, minimum: int)
             os.fsync(fd)  # data and inode (the new mtime) in one go
         finally:
             os.close(fd)
-        os.replace(tmp, full)
     except BaseException:
-        _unlink_quietly(tmp)
+        with suppress(OSError):  # if it stays, recover() removes it at the next start
+            os.unlink(temp, dir_fd=dir_fd)
         raise
-    _fsync_dir(os.path.dirname(full))
     return version
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, _DIR_FLAGS)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _unlink_quietly(path: str) -> None:
-    with suppress(OSError):  # if it stays, recover() removes it at the next start
-        os.unlink(path)
 
 
 def _is_utf8(name: str) -> bool:
@@ -791,3 +1304,115 @@ def _is_utf8(name: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _lstat_at(dir_fd: int, name: str, op: str, path: str) -> os.stat_result | None:
+    """``lstat`` of ``name`` in the directory ``dir_fd``; None if there is nothing."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _translate(exc, op, path) from None
+
+
+def _step(dir_fd: int, name: str) -> int:
+    """Open the directory ``name`` in ``dir_fd``, never through a symlink: ELOOP for
+    one (the kernel says ENOTDIR when ``O_DIRECTORY`` meets it), as ``openat2`` does."""
+    try:
+        return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except NotADirectoryError:
+        if stat_mod.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name) from None
+        raise
+
+
+def _check_path(path: str, op: str) -> None:
+    """:class:`BadPath` unless ``path`` is a plain relative path below the root with no
+    reserved name (every normalised path but ``""`` is)."""
+    if not path:
+        raise BadPath(f"cannot {op} the root")
+    if _plainly_relative(path):
+        return
+    if (
+        "\0" in path
+        or path.startswith("/")
+        or any(
+            part in ("", ".", "..") or part.startswith(RESERVED_PREFIX) for part in path.split("/")
+        )
+    ):
+        raise BadPath(f"cannot {op} {path!r}: not a plain path below the root, or a reserved name")
+
+
+def _file_or_dir(st: os.stat_result, op: str, path: str) -> bool:
+    """Whether ``st`` is a directory; BadPath for a symlink (never followed: see
+    Confinement), FscacheError for anything else but a regular file."""
+    if stat_mod.S_ISDIR(st.st_mode):
+        return True
+    if stat_mod.S_ISREG(st.st_mode):
+        return False
+    if stat_mod.S_ISLNK(st.st_mode):
+        raise BadPath(f"cannot {op} {path!r}: it is a symlink, which the store never follows")
+    raise FscacheError(f"cannot {op} {path!r}: not a regular file or directory")
+
+
+def _parent_of(path: str) -> str:
+    return path.rpartition("/")[0]
+
+
+def _rename_error(exc: OSError, src: str, dst: str) -> FscacheError:
+    """The fscache error for ``rename(2)``'s errno once both parents are open."""
+    code = exc.errno
+    if code == errno.ENOTDIR:
+        return NotADirectory(f"cannot rename {src!r} over {dst!r}: not a directory")
+    if code == errno.EINVAL:
+        return BadPath(f"cannot rename {src!r} to {dst!r}: {exc.strerror}")
+    if code == errno.EXDEV:
+        return FscacheError(f"cannot rename {src!r} to {dst!r}: they are on two file systems")
+    return _translate(exc, "rename", src)
+
+
+def _pread_all(fd: int, size: int, offset: int) -> bytes:
+    """Up to ``size`` bytes at ``offset`` (fewer only at the end of the file)."""
+    data = os.pread(fd, size, offset)
+    if len(data) < size:
+        chunks = [data]
+        got = len(data)
+        while got < size:
+            chunk = os.pread(fd, size - got, offset + got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        data = b"".join(chunks)
+    return data
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def _reserve(fd: int, offset: int, length: int) -> None:
+    """Allocate the blocks ``[offset, offset + length)`` first, so a full disk fails
+    the write before any byte of the file changes (where the file system can)."""
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+
+
+def _default_file_mode() -> int:
+    """``0o666`` less the process's umask: the mode :meth:`Store.write` gives new files.
+    Read from ``/proc`` where it is shown, as ``os.umask`` can only read by setting."""
+    with suppress(OSError, ValueError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
