@@ -22,13 +22,7 @@ from fscache.server.store import TEMP_PREFIX
 from fscache.settings import CHUNK_SIZE
 
 from .harness import Cluster, RawPeer
-
-TERM = 10.0
-SKEW = 0.1
-
-
-def at(value: float) -> object:
-    return pytest.approx(value, abs=1e-9)
+from .test_service_timing import SKEW, TERM, at
 
 
 @pytest.fixture
