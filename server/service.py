@@ -947,8 +947,9 @@ class FileService:
         chunk is answered with its first chunk and its size."""
         try:
             version, data = self.store.read(path)
-        except TooLarge:  # larger than a frame: read only the first chunk
-            first = p.ReadRange(request.id, path, offset=0, length=CHUNK_SIZE, have=request.have)
+        except TooLarge:  # larger than a frame: its first chunk, as much as a frame holds
+            length = min(CHUNK_SIZE, self.settings.max_file_size)
+            first = p.ReadRange(request.id, path, offset=0, length=length, have=request.have)
             self._serve_range(connection, first, path, term)
             return
         except FscacheError as exc:
