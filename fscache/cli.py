@@ -81,12 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--hot-writes", type=_count, default=DEFAULT_HOT_WRITES,
         help="writes within one term that make a file write-shared (term 0); 0: off",
     )  # fmt: skip
-    serve.add_argument("--tls", metavar="DIR", help="mutual TLS with the certs in DIR")
+    serve.add_argument("--tls", metavar="DIR", help="mutual TLS with the server bundle DIR/server")
+    serve.add_argument("--access", metavar="FILE", help="access rules (TOML); SIGHUP reloads")
 
     def client_command(name: str, help_text: str) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
         command.add_argument("address", metavar="HOST:PORT")
-        command.add_argument("--tls", metavar="DIR", help="client certs made by `fscache certs`")
+        command.add_argument("--tls", metavar="DIR", help="this client's bundle, DIR/clients/NAME")
         return command
 
     read = client_command("read", "print a file's contents")
@@ -107,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument(
         "--host", action="append", dest="hosts", help="server name or IP (repeatable)"
     )
+    certs.add_argument(
+        "--client", action="append", dest="clients", default=[], metavar="NAME",
+        help="add a client bundle DIR/clients/NAME signed by the CA (repeatable)",
+    )  # fmt: skip
     certs.add_argument("--force", action="store_true", help="overwrite existing files")
 
     demo = sub.add_parser("demo", help="demonstrations")
@@ -188,7 +193,7 @@ def _serve(args: argparse.Namespace) -> int:
     root = os.path.abspath(args.root)  # the store checks that it is a directory
     settings = ServerSettings(
         root=root, host=args.host, port=args.port, term=args.term, skew=args.skew,
-        hot_writes=args.hot_writes, tls_dir=args.tls,
+        hot_writes=args.hot_writes, tls_dir=args.tls, access_file=args.access,
     )  # fmt: skip
 
     async def run() -> None:
@@ -310,7 +315,8 @@ def _certs(args: argparse.Namespace) -> int:
     from fscache.tls import make_certs
 
     hosts = args.hosts or ["127.0.0.1", "localhost", "::1"]
-    for path in make_certs(args.directory, hosts=hosts, overwrite=args.force):
+    written = make_certs(args.directory, hosts=hosts, clients=args.clients, overwrite=args.force)
+    for path in written:
         print(path)
     return 0
 

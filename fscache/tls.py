@@ -1,9 +1,22 @@
-"""Mutual TLS material: a private CA, a server and a client certificate, and SSL contexts.
+"""Mutual TLS material: a private CA, one bundle per role, SSL contexts and identities.
 
-``fscache certs DIR`` calls :func:`make_certs`; ``fscache serve --tls DIR`` uses
-:func:`server_context` (a client certificate signed by the CA is required) and clients
-use :func:`client_context`. :func:`is_auth_failure` tells a refused certificate apart
-from other broken connections, without importing trio.
+``fscache certs DIR`` calls :func:`make_certs`, which keeps the CA's key apart and
+gives each role a bundle holding its own key and nothing else::
+
+    DIR/ca/               ca.pem, ca-key.pem           (mode 0700: stays with whoever mints)
+    DIR/server/           ca.pem, server.pem, server-key.pem
+    DIR/clients/NAME/     ca.pem, client.pem, client-key.pem
+
+``fscache certs DIR --client NAME`` adds a client bundle later, signed by the existing
+CA, touching nothing else. ``fscache serve --tls DIR/server`` uses
+:func:`server_context` (a client certificate signed by the CA is required); clients use
+:func:`client_context` on their own bundle. A directory of the older flat layout (every
+file in one place) still loads, since a bundle's file names are the same.
+
+A client's identity is the name its certificate carries (:func:`peer_identity`); the
+server's access rules (:mod:`fscache.access`) are written in those names.
+:func:`is_auth_failure` tells a refused certificate apart from other broken
+connections, without importing trio.
 """
 
 from __future__ import annotations
@@ -12,23 +25,34 @@ import datetime
 import ipaddress
 import os
 import pathlib
+import re
 import ssl
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fscache.access import ANONYMOUS
 from fscache.errors import FscacheError
 
+CA_DIR = "ca"
+SERVER_DIR = "server"
+CLIENTS_DIR = "clients"
 CA_CERT = "ca.pem"
 CA_KEY = "ca-key.pem"
 SERVER_CERT = "server.pem"
 SERVER_KEY = "server-key.pem"
 CLIENT_CERT = "client.pem"
 CLIENT_KEY = "client-key.pem"
-ALL_FILES = (CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY, CLIENT_CERT, CLIENT_KEY)
+CA_FILES = (CA_CERT, CA_KEY)
+SERVER_FILES = (CA_CERT, SERVER_CERT, SERVER_KEY)
+CLIENT_FILES = (CA_CERT, CLIENT_CERT, CLIENT_KEY)
+
+# A client name is its identity and its bundle's directory name: no '/', no dot first.
+_CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 # OpenSSL reasons meaning "a certificate was refused" (by us or by the peer's alert).
 _AUTH_REASONS = (
@@ -114,88 +138,151 @@ def _key_usage(*, sign_certs: bool) -> x509.KeyUsage:
     )
 
 
-def make_certs(
-    directory: str | os.PathLike[str],
-    *,
-    hosts: Sequence[str] = ("127.0.0.1", "localhost", "::1"),
-    client_name: str = "fscache-client",
-    days: int = 825,
-    overwrite: bool = False,
-) -> list[pathlib.Path]:
-    """Write a private CA, a server certificate for ``hosts`` and a client certificate.
-
-    Keys are EC P-256, written with mode 0o600; the directory is created with mode
-    0o700 if needed. Existing files are left alone (:class:`FscacheError`) unless
-    ``overwrite`` is true. Returns the paths written, in :data:`ALL_FILES` order.
-    """
-    if not hosts:
-        raise FscacheError("make_certs needs at least one host name or address")
-    if days < 1:
-        raise FscacheError(f"certificate validity must be at least one day, not {days}")
-    root = pathlib.Path(directory)
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    paths = [root / name for name in ALL_FILES]
-    existing = [p for p in paths if p.exists() or p.is_symlink()]
-    if existing and not overwrite:
-        names = ", ".join(p.name for p in existing)
-        raise FscacheError(f"refusing to overwrite {names} in {root} (pass overwrite=True)")
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name("fscache CA")
-    ca = _sign(
-        ca_name,
-        ca_key,
-        ca_name,
-        ca_key,
-        [
-            (x509.BasicConstraints(ca=True, path_length=0), True),
-            (_key_usage(sign_certs=True), True),
-        ],
-        days,
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
 
-    def leaf(
-        common_name: str, usage: x509.ObjectIdentifier, extra: Sequence[x509.ExtensionType]
-    ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+
+def _pem_cert(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+class _CA:
+    """The CA's certificate and key, able to sign leaf certificates."""
+
+    def __init__(self, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
+        self.cert = cert
+        self.key = key
+
+    @classmethod
+    def new(cls, days: int) -> _CA:
         key = ec.generate_private_key(ec.SECP256R1())
-        exts: list[tuple[x509.ExtensionType, bool]] = [
+        name = _name("fscache CA")
+        extensions: list[tuple[x509.ExtensionType, bool]] = [
+            (x509.BasicConstraints(ca=True, path_length=0), True),
+            (_key_usage(sign_certs=True), True),
+        ]
+        return cls(_sign(name, key, name, key, extensions, days), key)
+
+    @classmethod
+    def load(cls, directory: pathlib.Path) -> _CA:
+        try:
+            cert = x509.load_pem_x509_certificate((directory / CA_CERT).read_bytes())
+            key = serialization.load_pem_private_key((directory / CA_KEY).read_bytes(), None)
+        except (OSError, ValueError) as exc:
+            raise FscacheError(f"cannot load the CA in {directory}: {exc}") from exc
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise FscacheError(f"the CA key in {directory} is not an EC key")
+        return cls(cert, key)
+
+    def leaf(
+        self, common_name: str, usage: x509.ObjectIdentifier, extra: Sequence[x509.ExtensionType]
+    ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        """A certificate for ``common_name`` usable only for ``usage``, and its key."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        extensions: list[tuple[x509.ExtensionType, bool]] = [
             (x509.BasicConstraints(ca=False, path_length=None), True),
             (_key_usage(sign_certs=False), True),
             (x509.ExtendedKeyUsage([usage]), False),
         ]
-        exts += [(ext, False) for ext in extra]
-        return _sign(_name(common_name), key, ca_name, ca_key, exts, days), key
+        extensions += [(ext, False) for ext in extra]
+        days = (self.cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC)).days
+        cert = _sign(_name(common_name), key, self.cert.subject, self.key, extensions, days)
+        return cert, key
 
-    server, server_key = leaf(hosts[0], ExtendedKeyUsageOID.SERVER_AUTH, [_san(hosts)])
-    client, client_key = leaf(client_name, ExtendedKeyUsageOID.CLIENT_AUTH, [])
 
-    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-
-    contents = [
-        (ca.public_bytes(serialization.Encoding.PEM), 0o644),
-        (pem_key(ca_key), 0o600),
-        (server.public_bytes(serialization.Encoding.PEM), 0o644),
-        (pem_key(server_key), 0o600),
-        (client.public_bytes(serialization.Encoding.PEM), 0o644),
-        (pem_key(client_key), 0o600),
-    ]
-    for path, (data, mode) in zip(paths, contents, strict=True):
+def _write_bundle(
+    directory: pathlib.Path, files: Sequence[str], contents: Sequence[bytes], overwrite: bool
+) -> list[pathlib.Path]:
+    """Write ``files`` into ``directory`` (mode 0700); ``*-key.pem`` files get mode 0600."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    paths = [directory / name for name in files]
+    existing = [p for p in paths if p.exists() or p.is_symlink()]
+    if existing and not overwrite:
+        names = ", ".join(p.name for p in existing)
+        raise FscacheError(f"refusing to overwrite {names} in {directory} (pass --force)")
+    for path, data in zip(paths, contents, strict=True):
         if overwrite:
             path.unlink(missing_ok=True)  # recreate, so an old wider mode is not kept
-        _write(path, data, mode)
+        _write(path, data, 0o600 if path.name.endswith("-key.pem") else 0o644)
     return paths
+
+
+def check_client_name(name: str) -> str:
+    """``name`` if it can name a client (its identity and its bundle's directory)."""
+    if not _CLIENT_NAME.fullmatch(name) or name == ANONYMOUS:
+        raise FscacheError(
+            f"client name {name!r} must be 1..64 of A-Z a-z 0-9 . _ - (not starting with"
+            f" . _ -) and not {ANONYMOUS!r}, the identity of connections without TLS"
+        )
+    return name
+
+
+def make_certs(
+    directory: str | os.PathLike[str],
+    *,
+    hosts: Sequence[str] = ("127.0.0.1", "localhost", "::1"),
+    clients: Sequence[str] = (),
+    days: int = 825,
+    overwrite: bool = False,
+) -> list[pathlib.Path]:
+    """Make the CA and the server's bundle in ``directory``, and a bundle per client.
+
+    Without a CA in ``DIR/ca`` (or with ``overwrite``), a new CA and a server bundle for
+    ``hosts`` are made first; with one, the named ``clients`` are signed by it and
+    nothing else is touched. Keys are EC P-256 with mode 0o600, directories mode
+    0o700. Existing files are left alone (:class:`FscacheError`) unless ``overwrite``
+    is true (a new CA invalidates every bundle not made again with it). Returns the
+    paths written.
+    """
+    if days < 1:
+        raise FscacheError(f"certificate validity must be at least one day, not {days}")
+    for name in clients:
+        check_client_name(name)
+    root = pathlib.Path(directory)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ca_dir = root / CA_DIR
+    written: list[pathlib.Path] = []
+    if (ca_dir / CA_KEY).exists() and not overwrite:
+        if not clients:
+            raise FscacheError(
+                f"a CA already exists in {ca_dir}; add a client with --client NAME,"
+                " or pass --force to overwrite it with a new CA and server bundle"
+            )
+        ca = _CA.load(ca_dir)
+    else:
+        if not hosts:
+            raise FscacheError("make_certs needs at least one host name or address")
+        ca = _CA.new(days)
+        ca_pem = _pem_cert(ca.cert)
+        written += _write_bundle(ca_dir, CA_FILES, [ca_pem, _pem_key(ca.key)], overwrite)
+        server, server_key = ca.leaf(hosts[0], ExtendedKeyUsageOID.SERVER_AUTH, [_san(hosts)])
+        written += _write_bundle(
+            root / SERVER_DIR,
+            SERVER_FILES,
+            [ca_pem, _pem_cert(server), _pem_key(server_key)],
+            overwrite,
+        )
+    for name in clients:
+        client, client_key = ca.leaf(name, ExtendedKeyUsageOID.CLIENT_AUTH, [])
+        written += _write_bundle(
+            root / CLIENTS_DIR / name,
+            CLIENT_FILES,
+            [_pem_cert(ca.cert), _pem_cert(client), _pem_key(client_key)],
+            overwrite,
+        )
+    return written
 
 
 def _material(directory: str | os.PathLike[str], *names: str) -> list[str]:
     root = pathlib.Path(directory)
-    hint = f"run `fscache certs {root}` to create it"
+    if (root / SERVER_DIR).is_dir() or (root / CLIENTS_DIR).is_dir():
+        hint = f"{root} holds every bundle: pass {root / SERVER_DIR} or {root / CLIENTS_DIR}/NAME"
+    else:
+        hint = "make bundles with `fscache certs DIR [--client NAME]`"
     if not root.is_dir():
-        raise FscacheError(f"TLS directory {root} does not exist; {hint}")
+        raise FscacheError(f"TLS bundle {root} does not exist; {hint}")
     paths = []
     for name in names:
         path = root / name
@@ -220,23 +307,41 @@ def _load(
         ctx.load_cert_chain(cert_path, key_path)
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
         raise FscacheError(
-            f"bad TLS material in {directory} ({exc}); run `fscache certs {directory}` again"
+            f"bad TLS material in {directory} ({exc}); make the bundle again with `fscache certs`"
         ) from exc
     return ctx
 
 
 def server_context(directory: str | os.PathLike[str]) -> ssl.SSLContext:
-    """A TLS (>= 1.2) server context that requires a client certificate signed by the CA."""
+    """A TLS (>= 1.2) server context from the server's bundle ``directory`` that requires
+    a client certificate signed by the CA."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.verify_mode = ssl.CERT_REQUIRED
     return _load(ctx, directory, SERVER_CERT, SERVER_KEY)
 
 
 def client_context(directory: str | os.PathLike[str]) -> ssl.SSLContext:
-    """A TLS (>= 1.2) client context trusting only the CA and presenting the client cert."""
+    """A TLS (>= 1.2) client context from a client's bundle ``directory``: it trusts
+    only the CA and presents that client's certificate."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname
     ctx.check_hostname = True
     return _load(ctx, directory, CLIENT_CERT, CLIENT_KEY)
+
+
+def peer_identity(cert: dict[str, Any] | None) -> str | None:
+    """The identity a peer's certificate names (``SSLStream.getpeercert()`` after the
+    handshake): its subject's common name, else its first DNS or URI alternative name;
+    None without a certificate."""
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    for kind, value in cert.get("subjectAltName", ()):
+        if kind in ("DNS", "URI"):
+            return str(value)
+    return None
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

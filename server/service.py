@@ -53,10 +53,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import json
 import logging
 import math
 import secrets
+import signal
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
@@ -67,6 +69,7 @@ import trio
 
 from fscache import names
 from fscache import protocol as p
+from fscache.access import ANONYMOUS, AccessRules, BadAccessFile, describe, parse
 from fscache.errors import FscacheError, ProtocolError, TooLarge, Unavailable
 from fscache.leases import (
     AdaptiveTermPolicy,
@@ -122,6 +125,7 @@ class ServerSettings:
     max_outbox: int = DEFAULT_MAX_OUTBOX
     send_timeout: float = DEFAULT_SEND_TIMEOUT
     tls_dir: str | None = None
+    access_file: str | None = None  # TOML rules (fscache.access); reloaded on SIGHUP
 
     def __post_init__(self) -> None:
         self.term = check_duration("term", self.term)
@@ -326,6 +330,7 @@ class Connection:
     alive: bool = True
     uploads: dict[int, Upload] = dataclasses.field(default_factory=dict)  # by upload id
     part: p.UploadPart | None = None  # for the receive loop to write before it reads on
+    identity: str = ANONYMOUS  # the name on the client's certificate (fscache.access)
 
     def send(self, message: p.Message) -> None:
         self.send_frame(p.encode(message))
@@ -396,6 +401,7 @@ class FileService:
         self._timer_wake = trio.Event()
         self._timer_at = math.inf
         self.counters = Counters()
+        self.access = None if settings.access_file is None else load_access(settings.access_file)
 
     # ------------------------------------------------------------ running
     async def run(self, *, task_status: trio.TaskStatus[list[trio.SocketListener]]) -> None:
@@ -411,7 +417,14 @@ class FileService:
         except OSError as exc:
             raise FscacheError(f"cannot listen on {s.host}:{s.port}: {exc}") from None
         self.host, self.port = listeners[0].socket.getsockname()[:2]
+        if ssl_context is None and not all(_is_loopback(lst) for lst in listeners):
+            log.warning(
+                "serving plain TCP on %s:%s, beyond this machine: anyone who can reach it"
+                " reads and writes as %r; use --tls", self.host, self.port, ANONYMOUS,
+            )  # fmt: skip
         async with trio.open_nursery() as nursery:
+            if s.access_file is not None:
+                nursery.start_soon(self._reload_access_on_sighup, s.access_file)
             await nursery.start(self.run_engine)
             nursery.start_soon(self._accept, listeners, ssl_context)
             task_status.started(listeners)
@@ -436,6 +449,16 @@ class FileService:
                 await self.serve_stream(trio.SSLStream(stream, ssl_context, server_side=True))
 
         await trio.serve_listeners(handler, listeners)
+
+    async def _reload_access_on_sighup(self, path: str) -> None:
+        """Load the access file again on each SIGHUP; a bad file leaves the rules as they
+        were. Connections stay; their next request meets the new rules."""
+        with trio.open_signal_receiver(signal.SIGHUP) as signals:
+            async for _ in signals:
+                try:
+                    self.access = load_access(path)
+                except BadAccessFile as exc:
+                    log.error("access rules not reloaded, the old ones stay: %s", exc)
 
     async def _run_timer(self) -> None:
         while True:
@@ -465,7 +488,8 @@ class FileService:
                 hello = await self._handshake(wire, decoder, peer)
                 if hello is None:
                     return
-                await self._serve_client(wire, decoder, hello, peer)
+                identity = _identity(stream)
+                await self._serve_client(wire, decoder, hello, peer, identity)
             finally:
                 await wire.aclose()
         # except*: _serve_client's nursery wraps a reset connection in an ExceptionGroup
@@ -508,12 +532,15 @@ class FileService:
         return None
 
     async def _serve_client(
-        self, wire: Wire, decoder: p.FrameDecoder, hello: p.Hello, peer: str
+        self, wire: Wire, decoder: p.FrameDecoder, hello: p.Hello, peer: str, identity: str
     ) -> None:
         holder = HolderId(hello.client_id)
         with trio.CancelScope() as cancel:
             outbox = Outbox(wire, self.settings.max_outbox)
             connection = Connection(holder, outbox, cancel, peer, self.counters)
+            connection.identity = identity
+            if identity != ANONYMOUS:
+                log.info("%s: client %s is %r", peer, holder, identity)
             previous = self.connections.get(holder)
             if previous is not None:  # the same client reconnected: the old link is dead
                 previous.alive = False
@@ -616,6 +643,8 @@ class FileService:
         if handler is None:
             raise ProtocolError(f"{message.TYPE} is not a request a client may send")
         try:
+            if self.access is not None:  # before any effect: a denied request changes nothing
+                self.access.check_request(connection.identity, message)
             handler(self, connection, message)
         except FscacheError as exc:
             self.counters.errors += 1
@@ -1077,6 +1106,35 @@ class FileService:
         if live == 0 and not self._pending:
             end_incarnation_cleanly(self.store, self.policy.max_term, self.settings.skew)
         return live
+
+
+def load_access(path: str) -> AccessRules:
+    """The access rules in the file at ``path``; :class:`BadAccessFile` says why not."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadAccessFile(f"cannot read access file {path}: {exc}") from None
+    rules = parse(text, source=path)
+    log.info("access rules from %s: %s", path, describe(rules))
+    return rules
+
+
+def _identity(stream: trio.abc.Stream) -> str:
+    """Who the peer is: the name on its TLS certificate, else :data:`ANONYMOUS`."""
+    if isinstance(stream, trio.SSLStream):
+        from fscache.tls import peer_identity
+
+        return peer_identity(stream.getpeercert()) or ANONYMOUS
+    return ANONYMOUS
+
+
+def _is_loopback(listener: trio.SocketListener) -> bool:
+    host = listener.socket.getsockname()[0]
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:

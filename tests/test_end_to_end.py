@@ -123,15 +123,17 @@ async def test_the_blocking_client_reports_an_unreachable_server(nursery):
 
 async def test_mutual_tls_admits_our_clients_and_refuses_strangers(nursery, root, tmp_path):
     ours, strangers = tmp_path / "ours", tmp_path / "strangers"
-    make_certs(ours)
-    make_certs(strangers)
-    server = await nursery.start(serve, ServerSettings(root=str(root), port=0, tls_dir=str(ours)))
-    async with fscache.open_client("127.0.0.1", server.port, ssl_context=client_context(ours)) as c:
+    make_certs(ours, clients=["c"])
+    make_certs(strangers, clients=["c"])
+    settings = ServerSettings(root=str(root), port=0, tls_dir=str(ours / "server"))
+    server = await nursery.start(serve, settings)
+    ctx = client_context(ours / "clients" / "c")
+    async with fscache.open_client("127.0.0.1", server.port, ssl_context=ctx) as c:
         await c.write("secret", b"s")
         assert await c.read("secret") == b"s"
     with pytest.raises(fscache.Unauthorized):
         async with fscache.open_client(
-            "127.0.0.1", server.port, ssl_context=client_context(strangers)
+            "127.0.0.1", server.port, ssl_context=client_context(strangers / "clients" / "c")
         ) as c:
             await c.read("secret")
 
@@ -244,7 +246,7 @@ def test_serve_on_a_busy_port_says_so_in_one_line(served, tmp_path):
 def test_certs_command_makes_usable_certificates(tmp_path):
     result = fscache_command("certs", str(tmp_path / "tls"))
     assert result.returncode == 0, result.stderr
-    assert {"ca.pem", "server.pem", "client.pem"} <= set(os.listdir(tmp_path / "tls"))
+    assert {"ca", "server"} <= set(os.listdir(tmp_path / "tls"))
     again = fscache_command("certs", str(tmp_path / "tls"))
     assert again.returncode == 1 and "overwrite" in again.stderr.decode()
 

@@ -1,5 +1,5 @@
-"""Mutual TLS: certificate generation and real handshakes over TCP (``docs/design.md``,
-"Public API", integrations).
+"""Mutual TLS: certificate bundles per role, identities, and real handshakes over TCP
+(``docs/design.md``, "Security").
 
 Test rules: real sockets, because TLS is the point; 127.0.0.1 only, every listener
 on port 0; no sleeps; every handshake runs under a ``trio.fail_after`` of several
@@ -8,6 +8,7 @@ seconds, a guard against a hang, never a timing assertion.
 
 from __future__ import annotations
 
+import datetime
 import pathlib
 import socket
 import ssl
@@ -18,33 +19,52 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from fscache.errors import FscacheError
 from fscache.tls import (
-    ALL_FILES,
     CA_CERT,
+    CA_FILES,
+    CA_KEY,
     CLIENT_CERT,
+    CLIENT_FILES,
     CLIENT_KEY,
     SERVER_CERT,
+    SERVER_FILES,
+    SERVER_KEY,
     client_context,
     is_auth_failure,
     make_certs,
+    peer_identity,
     server_context,
 )
 
 
+class Bundles:
+    """A certificate directory: ``.server`` and ``.client`` (alice's) are bundles."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.root = root
+        self.server = root / "server"
+        self.client = root / "clients" / "alice"
+
+    def of(self, name: str) -> pathlib.Path:
+        return self.root / "clients" / name
+
+
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Bundles:
     directory = tmp_path_factory.mktemp("tls") / "certs"
-    make_certs(directory)
-    return directory
+    make_certs(directory, clients=["alice", "bob"])
+    return Bundles(directory)
 
 
 @pytest.fixture(scope="module")
-def other_certs(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+def other_certs(tmp_path_factory: pytest.TempPathFactory) -> Bundles:
     directory = tmp_path_factory.mktemp("tls-other") / "certs"
-    make_certs(directory)
-    return directory
+    make_certs(directory, clients=["alice"])
+    return Bundles(directory)
 
 
 class Server:
@@ -52,12 +72,16 @@ class Server:
         self.port = port
         self.errors: list[BaseException] = []
         self.done = trio.Event()  # set after each connection is handled
+        self.identities: list[str | None] = []  # of each client that completed a handshake
 
 
 @asynccontextmanager
-async def echo_server(directory: pathlib.Path) -> AsyncIterator[Server]:
-    """An mTLS echo server on 127.0.0.1; handshake/IO errors are recorded, not raised."""
-    ctx = server_context(directory)
+async def echo_server(
+    directory: pathlib.Path, ctx: ssl.SSLContext | None = None
+) -> AsyncIterator[Server]:
+    """An mTLS echo server on 127.0.0.1 (the bundle ``directory``, or ``ctx``);
+    handshake/IO errors are recorded, not raised."""
+    ctx = ctx or server_context(directory)
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     server = Server(listeners[0].socket.getsockname()[1])
 
@@ -66,6 +90,7 @@ async def echo_server(directory: pathlib.Path) -> AsyncIterator[Server]:
         try:
             async with stream:
                 await stream.do_handshake()
+                server.identities.append(peer_identity(stream.getpeercert()))
                 while data := await stream.receive_some():
                     await stream.send_all(data)
         except (trio.BrokenResourceError, ssl.SSLError) as exc:
@@ -93,23 +118,44 @@ async def refused(port: int, ctx: ssl.SSLContext) -> BaseException:
     raise AssertionError(f"server did not refuse the client (read {data!r})")
 
 
-def test_make_certs_writes_files_with_private_keys(tmp_path: pathlib.Path) -> None:
-    directory = tmp_path / "new"
-    paths = make_certs(directory)
-    assert paths == [directory / name for name in ALL_FILES]
-    assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
-    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-    for p in paths:
-        if p.name.endswith("-key.pem"):
-            assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+def mode(path: pathlib.Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
 
-    ca = x509.load_pem_x509_certificate((directory / CA_CERT).read_bytes())
-    server = x509.load_pem_x509_certificate((directory / SERVER_CERT).read_bytes())
-    client = x509.load_pem_x509_certificate((directory / CLIENT_CERT).read_bytes())
+
+def test_make_certs_writes_one_bundle_per_role_with_only_its_own_key(
+    tmp_path: pathlib.Path,
+) -> None:
+    root = tmp_path / "new"
+    paths = make_certs(root, clients=["alice", "bob"])
+    expected = (
+        [root / "ca" / name for name in CA_FILES]
+        + [root / "server" / name for name in SERVER_FILES]
+        + [root / "clients" / who / name for who in ("alice", "bob") for name in CLIENT_FILES]
+    )
+    assert paths == expected
+    assert sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file()) == sorted(
+        p.relative_to(root) for p in expected
+    )
+    keys = {
+        p.parent.relative_to(root).as_posix(): p.name for p in paths if p.name.endswith("-key.pem")
+    }
+    assert keys == {
+        "ca": CA_KEY, "server": SERVER_KEY, "clients/alice": CLIENT_KEY, "clients/bob": CLIENT_KEY
+    }  # fmt: skip
+    for p in paths:
+        assert mode(p) == (0o600 if p.name.endswith("-key.pem") else 0o644), p
+    for d in (root, root / "ca", root / "server", root / "clients" / "alice"):
+        assert mode(d) == 0o700, d
+
+    ca = x509.load_pem_x509_certificate((root / "ca" / CA_CERT).read_bytes())
+    server = x509.load_pem_x509_certificate((root / "server" / SERVER_CERT).read_bytes())
+    alice = x509.load_pem_x509_certificate((root / "clients" / "alice" / CLIENT_CERT).read_bytes())
+    for bundle in (root / "server", root / "clients" / "alice"):
+        assert (bundle / CA_CERT).read_bytes() == (root / "ca" / CA_CERT).read_bytes()
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     assert ca.extensions.get_extension_for_class(x509.KeyUsage).value.key_cert_sign
     server.verify_directly_issued_by(ca)
-    client.verify_directly_issued_by(ca)
+    alice.verify_directly_issued_by(ca)
     san = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "localhost" in san.get_values_for_type(x509.DNSName)
     assert {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "::1"}
@@ -117,45 +163,77 @@ def test_make_certs_writes_files_with_private_keys(tmp_path: pathlib.Path) -> No
     assert list(server.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
         eku.SERVER_AUTH
     ]
-    assert list(client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
+    assert list(alice.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
         eku.CLIENT_AUTH
     ]
+    assert not alice.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert not alice.extensions.get_extension_for_class(x509.KeyUsage).value.key_cert_sign
+
+
+def test_a_client_is_added_later_with_the_same_ca_and_nothing_else_touched(
+    tmp_path: pathlib.Path,
+) -> None:
+    make_certs(tmp_path, clients=["alice"])
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    written = make_certs(tmp_path, clients=["carol"])
+    assert written == [tmp_path / "clients" / "carol" / name for name in CLIENT_FILES]
+    assert {p: p.read_bytes() for p in before} == before
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca" / CA_CERT).read_bytes())
+    carol = tmp_path / "clients" / "carol"
+    x509.load_pem_x509_certificate((carol / CLIENT_CERT).read_bytes()).verify_directly_issued_by(ca)
+    client_context(carol)
 
 
 def test_make_certs_refuses_to_overwrite(tmp_path: pathlib.Path) -> None:
-    make_certs(tmp_path)
-    before = (tmp_path / CLIENT_KEY).read_bytes()
+    make_certs(tmp_path, clients=["alice"])
+    key = tmp_path / "clients" / "alice" / CLIENT_KEY
+    before = key.read_bytes()
     with pytest.raises(FscacheError, match="overwrite"):
-        make_certs(tmp_path)
-    assert (tmp_path / CLIENT_KEY).read_bytes() == before
+        make_certs(tmp_path)  # a CA exists and no client was asked for
+    with pytest.raises(FscacheError, match="overwrite"):
+        make_certs(tmp_path, clients=["alice"])
+    assert key.read_bytes() == before
 
-    (tmp_path / CLIENT_KEY).chmod(0o644)  # an old, too-wide mode is not kept
-    make_certs(tmp_path, overwrite=True)
-    assert (tmp_path / CLIENT_KEY).read_bytes() != before
-    assert stat.S_IMODE((tmp_path / CLIENT_KEY).stat().st_mode) == 0o600
-
-
-def test_make_certs_refuses_if_any_file_exists(tmp_path: pathlib.Path) -> None:
-    (tmp_path / CA_CERT).write_bytes(b"mine")
-    with pytest.raises(FscacheError, match=CA_CERT):
-        make_certs(tmp_path)
-    assert [p.name for p in tmp_path.iterdir()] == [CA_CERT]
+    key.chmod(0o644)  # an old, too-wide mode is not kept
+    make_certs(tmp_path, clients=["alice"], overwrite=True)
+    assert key.read_bytes() != before
+    assert mode(key) == 0o600
 
 
-def test_contexts_settings(certs: pathlib.Path) -> None:
-    server = server_context(certs)
+@pytest.mark.parametrize("name", ["", "a/b", "..", ".hidden", "anonymous", "x" * 65, "é"])
+def test_bad_client_names_are_refused(tmp_path: pathlib.Path, name: str) -> None:
+    with pytest.raises(FscacheError, match="client name"):
+        make_certs(tmp_path, clients=[name])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_old_flat_layout_still_loads(tmp_path: pathlib.Path, certs: Bundles) -> None:
+    for bundle in (certs.server, certs.client):
+        for f in bundle.iterdir():
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    server_context(tmp_path)
+    client_context(tmp_path)
+
+
+def test_the_top_directory_is_not_a_bundle(certs: Bundles) -> None:
+    with pytest.raises(FscacheError, match=r"pass .*server or .*clients/NAME"):
+        server_context(certs.root)
+
+
+def test_contexts_settings(certs: Bundles) -> None:
+    server = server_context(certs.server)
     assert server.verify_mode == ssl.CERT_REQUIRED
     assert server.minimum_version >= ssl.TLSVersion.TLSv1_2
-    client = client_context(certs)
+    client = client_context(certs.client)
     assert client.verify_mode == ssl.CERT_REQUIRED and client.check_hostname
     assert client.minimum_version >= ssl.TLSVersion.TLSv1_2
 
 
-async def test_mutual_tls_round_trip(certs: pathlib.Path) -> None:
+async def test_mutual_tls_round_trip(certs: Bundles) -> None:
     with trio.fail_after(10):
-        async with echo_server(certs) as server:
+        async with echo_server(certs.server) as server:
             stream = await trio.open_ssl_over_tcp_stream(
-                "127.0.0.1", server.port, ssl_context=client_context(certs)
+                "127.0.0.1", server.port, ssl_context=client_context(certs.client)
             )
             async with stream:
                 await stream.do_handshake()
@@ -170,11 +248,11 @@ async def test_mutual_tls_round_trip(certs: pathlib.Path) -> None:
 
 
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1"])
-async def test_hostname_and_ip_sans_verify(certs: pathlib.Path, host: str) -> None:
+async def test_hostname_and_ip_sans_verify(certs: Bundles, host: str) -> None:
     with trio.fail_after(10):
-        async with echo_server(certs) as server:
+        async with echo_server(certs.server) as server:
             stream = await trio.open_ssl_over_tcp_stream(
-                host, server.port, ssl_context=client_context(certs)
+                host, server.port, ssl_context=client_context(certs.client)
             )
             async with stream:
                 await stream.do_handshake()
@@ -182,10 +260,10 @@ async def test_hostname_and_ip_sans_verify(certs: pathlib.Path, host: str) -> No
                 assert await stream.receive_some() == b"x"
 
 
-async def test_client_without_certificate_is_refused(certs: pathlib.Path) -> None:
+async def test_client_without_certificate_is_refused(certs: Bundles) -> None:
     with trio.fail_after(10):
-        async with echo_server(certs) as server:
-            anonymous = ssl.create_default_context(cafile=str(certs / CA_CERT))
+        async with echo_server(certs.server) as server:
+            anonymous = ssl.create_default_context(cafile=str(certs.client / CA_CERT))
             client_error = await refused(server.port, anonymous)
             await server.done.wait()
             # The server refused: it knows why. (trio does not flush the TLS alert
@@ -195,12 +273,10 @@ async def test_client_without_certificate_is_refused(certs: pathlib.Path) -> Non
             assert isinstance(client_error, trio.BrokenResourceError | ssl.SSLError)
 
 
-async def test_client_from_another_ca_is_refused(
-    certs: pathlib.Path, other_certs: pathlib.Path
-) -> None:
+async def test_client_from_another_ca_is_refused(certs: Bundles, other_certs: Bundles) -> None:
     with trio.fail_after(10):
-        async with echo_server(certs) as server:
-            client_error = await refused(server.port, client_context(other_certs))
+        async with echo_server(certs.server) as server:
+            client_error = await refused(server.port, client_context(other_certs.client))
             await server.done.wait()
             # The client trusts only its own CA, so it refuses the server's certificate.
             assert is_auth_failure(client_error), repr(client_error.__cause__)
@@ -208,13 +284,13 @@ async def test_client_from_another_ca_is_refused(
 
 
 async def test_server_refuses_a_client_cert_from_another_ca(
-    certs: pathlib.Path, other_certs: pathlib.Path
+    certs: Bundles, other_certs: Bundles
 ) -> None:
     # The client trusts the right CA but presents a certificate signed by another one.
-    ctx = ssl.create_default_context(cafile=str(certs / CA_CERT))
-    ctx.load_cert_chain(other_certs / CLIENT_CERT, other_certs / CLIENT_KEY)
+    ctx = ssl.create_default_context(cafile=str(certs.client / CA_CERT))
+    ctx.load_cert_chain(other_certs.client / CLIENT_CERT, other_certs.client / CLIENT_KEY)
     with trio.fail_after(10):
-        async with echo_server(certs) as server:
+        async with echo_server(certs.server) as server:
             client_error = await refused(server.port, ctx)
             await server.done.wait()
             assert len(server.errors) == 1
@@ -225,13 +301,13 @@ async def test_server_refuses_a_client_cert_from_another_ca(
 @pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2])
 @pytest.mark.parametrize("client_cert", ["none", "other-ca"])
 async def test_refusal_alert_from_a_stdlib_server_is_an_auth_failure(
-    certs: pathlib.Path, other_certs: pathlib.Path, version: ssl.TLSVersion, client_cert: str
+    certs: Bundles, other_certs: Bundles, version: ssl.TLSVersion, client_cert: str
 ) -> None:
     # Unlike trio, a blocking stdlib server sends its alert, so the client learns why.
-    ctx = ssl.create_default_context(cafile=str(certs / CA_CERT))
+    ctx = ssl.create_default_context(cafile=str(certs.client / CA_CERT))
     ctx.maximum_version = version
     if client_cert == "other-ca":
-        ctx.load_cert_chain(other_certs / CLIENT_CERT, other_certs / CLIENT_KEY)
+        ctx.load_cert_chain(other_certs.client / CLIENT_CERT, other_certs.client / CLIENT_KEY)
     server_errors: list[BaseException] = []
 
     def serve_one(listener: socket.socket) -> None:
@@ -239,7 +315,7 @@ async def test_refusal_alert_from_a_stdlib_server_is_an_auth_failure(
         conn.settimeout(10)
         with conn:
             try:
-                with server_context(certs).wrap_socket(conn, server_side=True) as tls:
+                with server_context(certs.server).wrap_socket(conn, server_side=True) as tls:
                     tls.recv(1)
             except ssl.SSLError as exc:
                 server_errors.append(exc)
@@ -275,15 +351,99 @@ def test_missing_directory_names_the_command(tmp_path: pathlib.Path) -> None:
 
 
 def test_missing_file_is_named(tmp_path: pathlib.Path) -> None:
-    make_certs(tmp_path)
-    (tmp_path / CLIENT_KEY).unlink()
-    server_context(tmp_path)  # the server does not need the client key
+    make_certs(tmp_path, clients=["a"])
+    (tmp_path / "clients" / "a" / CLIENT_KEY).unlink()
     with pytest.raises(FscacheError, match=rf"{CLIENT_KEY}.*fscache certs"):
-        client_context(tmp_path)
+        client_context(tmp_path / "clients" / "a")
 
 
 def test_corrupt_file_is_a_clear_error(tmp_path: pathlib.Path) -> None:
     make_certs(tmp_path)
-    (tmp_path / SERVER_CERT).write_text("not a certificate")
+    (tmp_path / "server" / SERVER_CERT).write_text("not a certificate")
     with pytest.raises(FscacheError, match="fscache certs"):
-        server_context(tmp_path)
+        server_context(tmp_path / "server")
+
+
+async def test_two_clients_with_their_own_certificates_have_two_identities(
+    certs: Bundles,
+) -> None:
+    with trio.fail_after(10):
+        async with echo_server(certs.server) as server:
+            for bundle in (certs.client, certs.of("bob")):
+                stream = await trio.open_ssl_over_tcp_stream(
+                    "127.0.0.1", server.port, ssl_context=client_context(bundle)
+                )
+                async with stream:
+                    await stream.send_all(b"x")
+                    assert await stream.receive_some() == b"x"
+            assert server.identities == ["alice", "bob"]
+    assert server.errors == []
+
+
+def test_peer_identity_takes_the_common_name_else_an_alternative_name() -> None:
+    assert peer_identity(None) is None
+    assert peer_identity({}) is None
+    cn = {"subject": ((("organizationName", "fscache"),), (("commonName", "alice"),))}
+    assert peer_identity(cn) == "alice"
+    assert peer_identity({"subject": (), "subjectAltName": (("DNS", "svc.example"),)}) == (
+        "svc.example"
+    )
+
+
+async def test_a_client_bundle_cannot_act_as_the_server(certs: Bundles) -> None:
+    with pytest.raises(FscacheError, match=SERVER_CERT):
+        server_context(certs.client)  # it holds no server certificate or key
+    # Even wired up by hand, its certificate is for client authentication only.
+    impostor = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    impostor.load_cert_chain(certs.client / CLIENT_CERT, certs.client / CLIENT_KEY)
+    victim = client_context(certs.of("bob"))
+    victim.check_hostname = False  # so that only the certificate's purpose is judged
+    with trio.fail_after(10):
+        async with echo_server(certs.server, impostor) as server:
+            client_error = await refused(server.port, victim)
+            await server.done.wait()
+    assert is_auth_failure(client_error)
+    assert "certificate purpose" in repr(client_error.__cause__)
+
+
+async def test_a_client_cannot_mint_a_certificate(tmp_path: pathlib.Path, certs: Bundles) -> None:
+    # alice signs a certificate for "mallory" with her own key; the server refuses it.
+    alice = x509.load_pem_x509_certificate((certs.client / CLIENT_CERT).read_bytes())
+    alice_key = serialization.load_pem_private_key((certs.client / CLIENT_KEY).read_bytes(), None)
+    assert isinstance(alice_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    mallory = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "mallory")]))
+        .issuer_name(alice.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .sign(alice_key, hashes.SHA256())
+    )
+    chain = tmp_path / "mallory.pem"
+    chain.write_bytes(
+        mallory.public_bytes(serialization.Encoding.PEM)
+        + alice.public_bytes(serialization.Encoding.PEM)
+    )
+    key_file = tmp_path / "mallory-key.pem"
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    ctx = ssl.create_default_context(cafile=str(certs.client / CA_CERT))
+    ctx.load_cert_chain(chain, key_file)
+    with trio.fail_after(10):
+        async with echo_server(certs.server) as server:
+            await refused(server.port, ctx)
+            await server.done.wait()
+    assert server.identities == []
+    assert len(server.errors) == 1 and is_auth_failure(server.errors[0])
