@@ -69,8 +69,8 @@ import trio
 
 from fscache import names
 from fscache import protocol as p
-from fscache.access import ANONYMOUS, AccessRules, BadAccessFile, describe, parse
-from fscache.errors import FscacheError, ProtocolError, TooLarge, Unavailable
+from fscache.access import ANONYMOUS, Access, AccessRules, BadAccessFile, describe, parse
+from fscache.errors import FscacheError, ProtocolError, TooLarge, Unauthorized, Unavailable
 from fscache.leases import (
     AdaptiveTermPolicy,
     ApplyWrite,
@@ -830,6 +830,12 @@ class FileService:
 
     def _on_upload_commit(self, connection: Connection, message: p.UploadCommit) -> None:
         upload = connection.uploads.pop(self._upload(connection, message.upload))
+        if self.access is not None:  # the rules may have been reloaded since it began
+            try:
+                self.access.check(connection.identity, Access.READ_WRITE, (upload.path,))
+            except Unauthorized:
+                self.store.upload_abort(upload)
+                raise
         assert self._nursery is not None
         self._nursery.start_soon(self._commit_upload, connection, message, upload)
 

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 import pytest
+import trio
 
 import fscache
 from fscache import protocol as p
@@ -23,6 +24,8 @@ from fscache.access import ANONYMOUS, Access, BadAccessFile, need, parse
 from fscache.cli import parse_serving_line
 from fscache.server.service import ServerSettings, serve
 from fscache.tls import client_context, make_certs
+
+from .harness import RawPeer
 
 RULES = """\
 default = "read"
@@ -254,3 +257,28 @@ def test_sighup_reloads_the_rules_and_keeps_connections(
     finally:
         proc.terminate()
         proc.communicate()
+
+
+async def test_an_upload_is_checked_again_at_commit(
+    nursery: Any, root: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """Parts and the commit name no path: the commit is checked against the upload's
+    path under the rules in force then, and a refused upload leaves nothing behind."""
+    access = tmp_path / "access.toml"
+    access.write_text('[[rule]]\nidentity = "anonymous"\nprefix = ""\naccess = "read-write"\n')
+    settings = ServerSettings(root=str(root), port=0, access_file=str(access))
+    server = await nursery.start(serve, settings)
+    peer = RawPeer(await trio.open_tcp_stream("127.0.0.1", server.port))
+    await peer.send(p.Hello(version=p.PROTOCOL_VERSION, client_id="raw"))
+    assert isinstance(await peer.receive(), p.Welcome)
+    await peer.send(p.UploadBegin(id=1, path="up"))
+    assert await peer.receive() == p.Done(id=1)
+    await peer.send(p.UploadPart(id=2, upload=1, offset=0, data=b"data"))
+    assert await peer.receive() == p.Done(id=2)
+    server.access = parse('[[rule]]\nidentity = "anonymous"\nprefix = ""\naccess = "read"\n')
+    await peer.send(p.UploadCommit(id=3, upload=1))
+    refused = await peer.receive()
+    assert isinstance(refused, p.Error) and refused.code == "unauthorized", refused
+    assert "'anonymous' may not write 'up'" in refused.message
+    await peer.close()
+    assert sorted(os.listdir(root)) == [".fscache"]  # no file, no temp file
