@@ -74,7 +74,10 @@ first stamped (``utime`` on its descriptor, fsynced) above the version ``dst``
 had and above ``dst``'s floor, if it is not already; and ``src`` gets a floor, as
 after a delete.  A directory is checked again after the move (moving its ``..``
 may touch it).  Files *below* a renamed directory keep their versions: a version
-repeats at a new path only if two files there carry the very same mtime_ns.
+repeats at a new path only if two files there carry the very same mtime_ns.  An
+operation that opened its parent before an ancestor was renamed acts in the moved
+directory; the lease rules order such operations after the rename (its footprint
+covers both subtrees), and an upload's commit opens its parent anew.
 
 Directories.  A directory's version is its ``st_mtime_ns``.  Every change the store
 makes to a directory's name set (a file created by ``write``, an upload or an
