@@ -331,9 +331,10 @@ class Client:
         next_part = _parts(data)
         link = await self._current_link()
         self._counters["writes"] += 1
-        begin = await self._call_request(link, lambda i: p.UploadBegin(id=i, path=path), path)
+        begin = await self._start(link, _Request(path), lambda i: p.UploadBegin(id=i, path=path))
         upload = begin.id
         try:
+            await self._finish(link, begin)
             sent = 0
             parts: deque[_Request] = deque()
             while part := await next_part():
