@@ -695,8 +695,8 @@ class Client:
         """Hand bytes ``[offset, offset + length)`` of ``path`` to ``sink`` in order,
         chunk by chunk from the cache or the server (IN_FLIGHT requests at most);
         returns the bytes handed over. :class:`_Changed` (after dropping the file's
-        chunks) if two chunks differ in version. ``first``: chunk 0, already read."""
-        self._counters["misses"] += 1
+        chunks) if two chunks differ in version. ``first``: chunk 0, already read.
+        Each chunk counts as a hit or a miss."""
         chunks = self._cache.chunks(path)
         known: dict[int, bytes] = {}
         if first is not None:
@@ -753,6 +753,7 @@ class Client:
         return self._chunk_result(request)
 
     async def _start_chunk(self, link: _Link, path: str, index: int) -> _Request:
+        self._counters["misses"] += 1
         request = _Request(path)
         cached, chunks = self._cache.chunk(path, index), self._cache.chunks(path)
         if cached is not None and chunks is not None:  # revalidate: costs no data
