@@ -308,7 +308,12 @@ class Client:
             return await self._write_in_place(path, data, offset, if_version)
         if isinstance(data, bytes | bytearray | memoryview) and len(data) <= CHUNK_SIZE:
             return await self._write_whole(path, bytes(data), if_version)
-        return await self._upload(path, data, if_version)
+        next_part = _parts(data)
+        first = await next_part()
+        second = await next_part()
+        if not second:  # a file of one chunk at most: one write, as for bytes
+            return await self._write_whole(path, first, if_version)
+        return await self._upload(path, _chain((first, second), next_part), if_version)
 
     async def _write_whole(self, path: str, data: bytes, if_version: int | None) -> int:
         link = await self._current_link()
@@ -325,10 +330,11 @@ class Client:
         assert isinstance(reply, p.Written)
         return reply.version
 
-    async def _upload(self, path: str, data: Source, if_version: int | None) -> int:
-        """Send ``data`` as an upload: begin, parts (IN_FLIGHT at most), commit; abort
-        on any error or cancellation before the commit's reply."""
-        next_part = _parts(data)
+    async def _upload(
+        self, path: str, next_part: Callable[[], Awaitable[bytes]], if_version: int | None
+    ) -> int:
+        """Send the parts ``next_part`` gives as an upload: begin, parts (IN_FLIGHT at
+        most), commit; abort on any error or cancellation before the commit's reply."""
         link = await self._current_link()
         self._counters["writes"] += 1
         begin = await self._start(link, _Request(path), lambda i: p.UploadBegin(id=i, path=path))
@@ -1145,6 +1151,18 @@ def _parts(data: Source) -> Callable[[], Awaitable[bytes]]:
         return bytes(part)
 
     return next_read
+
+
+def _chain(
+    parts: tuple[bytes, ...], rest: Callable[[], Awaitable[bytes]]
+) -> Callable[[], Awaitable[bytes]]:
+    """``parts`` already read, then whatever ``rest`` gives."""
+    waiting = list(parts)
+
+    async def next_part() -> bytes:
+        return waiting.pop(0) if waiting else await rest()
+
+    return next_part
 
 
 def _copy_error(error: BaseException) -> BaseException:
