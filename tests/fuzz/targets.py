@@ -454,6 +454,8 @@ class _Link:
         assert not self.closed, "the server closed a link without a typed error"
         unanswered = self.sent - self.answered
         assert not unanswered, f"requests without a reply: {dict(unanswered)}"
+        extra = self.answered - self.sent
+        assert not extra, f"more replies than requests: {dict(extra)}"
 
 
 async def _play(root: Path, script: Sequence[Action]) -> None:
