@@ -1,12 +1,14 @@
-"""The fuzz targets (``tests/fuzz/targets.py``): every regression input replayed, and a
-short coverage-guided run of each target.
+"""The fuzz targets (``tests/fuzz/targets.py``): every regression input replayed, a
+short coverage-guided run of each target, and the service target's invariants on
+scripts written by hand.
 
-The service target's invariants are also shown on scripts written by hand: a hostile
-script the server must survive, and servers broken on purpose that the target must
-catch. The replay runs each file of ``tests/fuzz/corpus/<target>/`` through its target in this
-process; an input of a bug not yet fixed is a strict xfail (``KNOWN_BUGS``). The short
-runs start ``python -m fscache.bench.fuzz`` in a real process (libFuzzer ends the
-process it runs in) with a fixed seed, and any failing input goes to a temp dir.
+The replay runs each file of ``tests/fuzz/corpus/<target>/`` through its target in
+this process; an input of a bug not yet fixed is a strict xfail (``KNOWN_BUGS``). The
+hand-written scripts show a hostile one the server must survive, and servers broken on
+purpose that the target must catch. The short runs start ``python -m
+fscache.bench.fuzz`` in a real process (libFuzzer ends the process it runs in) with a
+fixed seed, and any failing input goes to a temp dir. A bug found beside the targets
+is a strict xfail of its own.
 """
 
 from __future__ import annotations

@@ -17,7 +17,10 @@
   two well-behaved clients on a path no hostile peer may change. The server never
   logs an internal error or raises out of its tasks; every request on a link that
   stays open gets a reply, and a link closes only on a typed error or at the peer's
-  own word; the well-behaved clients always read the last acknowledged write.
+  own word; the well-behaved clients always read the last acknowledged write. (A
+  request the server does not handle, like a malformed one, gets the connection's
+  typed error -- an Error without an id -- and the link closes; what was in flight on
+  it is then owed nothing.)
 
 Each target is a plain function of bytes: the same code runs under atheris
 (``python -m fscache.bench.fuzz``), in the test suite's short runs, and in the replay
