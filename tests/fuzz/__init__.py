@@ -1,0 +1,1 @@
+"""Coverage-guided fuzz targets (``targets.py``) and their regression corpus (``corpus/``)."""
