@@ -591,8 +591,7 @@ class Store:
     def read_range(self, path: str, offset: int, length: int) -> tuple[int, int, bytes]:
         """``(version, size, data)``: bytes ``[offset, min(offset + length, size))`` of
         the file, its version and whole size, all from one open descriptor (see Reads)."""
-        if offset < 0 or length < 0:
-            raise ProtocolError(f"cannot read {path!r}: offset and length must be >= 0")
+        _check_extent("read", path, offset=offset, length=length)
         fd = self._open_for_read(path)
         try:
             st = os.fstat(fd)
@@ -703,8 +702,7 @@ class Store:
         """Write ``data`` at ``offset`` in the file, in place (creating it if missing;
         its directory must exist); return the new version, once durable (see
         "In-place writes" above: not atomic against a crash)."""
-        if offset < 0:
-            raise ProtocolError(f"cannot write {path!r}: offset must be >= 0, not {offset}")
+        _check_extent("write", path, offset=offset)
 
         def change(fd: int) -> None:
             if data:
@@ -716,8 +714,7 @@ class Store:
     def truncate(self, path: str, size: int, if_version: int | None = None) -> int:
         """Cut or extend (with zeros) the file to ``size`` bytes, in place, creating it
         if missing; return the new version, once durable."""
-        if size < 0:
-            raise ProtocolError(f"cannot truncate {path!r}: size must be >= 0, not {size}")
+        _check_extent("truncate", path, size=size)
 
         def change(fd: int) -> None:
             os.ftruncate(fd, size)
@@ -1207,6 +1204,17 @@ def _plainly_relative(path: str) -> bool:
         and "\0" not in path
         and RESERVED_PREFIX not in path
     )
+
+
+_MAX_EXTENT = 2**63 - 1  # off_t: the kernel's file offsets and sizes are signed 64-bit
+
+
+def _check_extent(op: str, path: str, **values: int) -> None:
+    """Refuse an offset, length or size the kernel cannot take (negative, or past
+    ``off_t``) before any call sees it: Python would raise OverflowError instead."""
+    for name, value in values.items():
+        if not 0 <= value <= _MAX_EXTENT:
+            raise ProtocolError(f"cannot {op} {path!r}: {name} must be 0..2**63-1, not {value}")
 
 
 def _key(st: os.stat_result) -> _Key:

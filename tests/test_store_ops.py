@@ -83,6 +83,22 @@ def test_read_range_errors(store: Store, root: Path) -> None:
         store.read_range("f", 0, -1)
 
 
+@pytest.mark.parametrize("value", [-1, 2**63, 2**64 - 1])
+def test_offsets_and_sizes_outside_off_t_are_refused(store: Store, value: int) -> None:
+    """What the wire allows (any CBOR unsigned integer) but the kernel cannot take:
+    refused by the store as a protocol error, never an OverflowError (found by fuzzing)."""
+    store.write("f", b"x")
+    for call in (
+        lambda: store.read_range("f", value, 1),
+        lambda: store.read_range("f", 0, value),
+        lambda: store.write_range("f", value, b"y"),
+        lambda: store.truncate("f", value),
+    ):
+        with pytest.raises(ProtocolError, match=r"0\.\.2\*\*63-1"):
+            call()
+    assert store.read("f")[1] == b"x"
+
+
 def test_read_range_reads_files_larger_than_the_whole_read_limit(store: Store) -> None:
     upload = store.upload_begin("big")
     store.upload_part(upload, 0, b"a" * MAX)
