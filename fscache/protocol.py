@@ -550,7 +550,7 @@ def _check_for(annotation: Any) -> Check:
     raise TypeError(f"no wire check for {annotation!r}")
 
 
-_PLAIN = frozenset({str, bytes, int, float, bool, type(None)})
+_PLAIN = frozenset({str, int, float, bool, type(None)})  # what JSON can print (fscache stats)
 
 
 def _check_plain(body: Any) -> None:
@@ -565,7 +565,9 @@ def _check_plain(body: Any) -> None:
             if id(value) in seen:
                 raise ProtocolError("CBOR shared references are not allowed")
             seen.add(id(value))
-            stack.extend(value if kind is list else (*value.keys(), *value.values()))
+            if kind is dict and not all(type(key) is str for key in value):
+                raise ProtocolError("a free-form map's keys must be text")
+            stack.extend(value if kind is list else value.values())
         elif kind not in _PLAIN or (kind is int and value not in _CBOR_INTS):
             raise ProtocolError(f"CBOR tag decoding to {kind.__name__} is not allowed")
 

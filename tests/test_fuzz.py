@@ -51,12 +51,6 @@ def test_regression_input_passes(target: str, path: Path) -> None:
     TARGETS[target](path.read_bytes())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the counters map is checked for plain CBOR data, not for JSON's: bytes, and keys "
-    "that are not text below the top level, pass the codec and make `fscache stats` raise "
-    "TypeError from json.dumps",
-)
 @pytest.mark.parametrize(
     "counters",
     [{"reads": b"x"}, {"a": {True: 1, "b": 2}}, {"a": {b"k": 1}}],

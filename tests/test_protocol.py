@@ -57,7 +57,7 @@ ALL_MESSAGES = CLIENT_MESSAGES + SERVER_MESSAGES
 CBOR_INTS = st.integers(-(2**64), 2**64 - 1)  # what CBOR encodes without a bignum tag
 FLOATS = st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**53), 2**53)  # ints too
 PLAIN = st.recursive(
-    st.none() | st.booleans() | CBOR_INTS | st.floats(allow_nan=False) | st.text() | st.binary(),
+    st.none() | st.booleans() | CBOR_INTS | st.floats(allow_nan=False) | st.text(),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
     max_leaves=8,
 )
