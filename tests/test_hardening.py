@@ -26,11 +26,11 @@ from fscache import protocol as p
 from fscache.client.client import open_client
 from fscache.errors import BadPath, FscacheError
 from fscache.paths import normalize, normalize_key
-from fscache.server.service import FileService, ServerSettings, serve
+from fscache.server.service import ServerSettings
 from fscache.server.store import LOCK_FILE, TEMP_PREFIX, NotDurable, Store
-from fscache.settings import CHUNK_SIZE
 
 from .harness import Cluster, RawPeer
+from .test_faults import running_server
 
 MAX = 4 << 20
 NFD = "cafe\u0301"  # "café" as e, combining acute accent
@@ -244,36 +244,6 @@ async def test_a_write_that_may_not_be_durable_leaves_no_lease_on_the_old_conten
 
 
 # ---------------------------------------------------------------- a full or failing disk
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs, mounted for real (skipped where this machine will not)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m,nr_inodes=64", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip() or done.returncode}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
-
-
-@contextlib.asynccontextmanager
-async def server_on(root: Path) -> AsyncIterator[FileService]:
-    settings = ServerSettings(root=str(root), port=0, term=10.0, skew=0.1, hot_writes=0)
-    async with trio.open_nursery() as nursery:
-        service: FileService = await nursery.start(serve, settings)
-        try:
-            yield service
-        finally:
-            nursery.cancel_scope.cancel()
-
-
 @contextlib.asynccontextmanager
 async def raw_peer(port: int) -> AsyncIterator[RawPeer]:
     async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
@@ -295,10 +265,10 @@ def is_full(reply: p.Message | None) -> bool:
 async def test_a_full_disk_fails_each_change_cleanly_and_the_server_goes_on(
     small_disk: Path,
 ) -> None:
-    big = b"x" * (CHUNK_SIZE + CHUNK_SIZE // 2)  # 1.5 MiB: fits once, not twice
+    big = b"x" * (600 << 10)  # on the 1 MiB disk: fits once, not twice
     with trio.fail_after(60):
         async with (
-            server_on(small_disk) as service,
+            running_server(small_disk) as service,
             open_client("127.0.0.1", service.port, client_id="a") as a,
             open_client("127.0.0.1", service.port, client_id="b") as b,
             raw_peer(service.port) as raw,
@@ -315,9 +285,9 @@ async def test_a_full_disk_fails_each_change_cleanly_and_the_server_goes_on(
             assert await b.read("keep") == b"acknowledged"  # nothing torn in place
             assert isinstance(await call(raw, p.UploadBegin(id=2, path="up")), p.Done)
             replies = []
+            half = len(big) // 2
             for i in range(2):
-                data = big[: CHUNK_SIZE // 2] if i else big[:CHUNK_SIZE]
-                offset = i * CHUNK_SIZE
+                data, offset = big[i * half : (i + 1) * half], i * half
                 replies.append(
                     await call(raw, p.UploadPart(id=3 + i, upload=2, offset=offset, data=data))
                 )
@@ -360,7 +330,7 @@ async def test_an_io_error_fails_the_write_and_the_server_goes_on(
 
     with trio.fail_after(30):
         async with (
-            server_on(root) as service,
+            running_server(root) as service,
             open_client("127.0.0.1", service.port, client_id="a") as a,
         ):
             await a.write("f", b"old")
