@@ -185,11 +185,23 @@ server's own state directory.)
 Errors.  Every ``OSError`` becomes an :class:`~fscache.errors.FscacheError`
 subclass with a message naming the path.  Only programming errors (wrong argument
 types, ``ValueError``/``TypeError``) and ``MemoryError`` escape untranslated.  A
-write or delete that raises may or may not have taken effect (e.g. the directory
-fsync failed after the rename), as with any storage system; it was not acknowledged.
+failure after the change is visible (the directory fsync after a rename, unlink or
+rmdir; the fsync after an in-place write to an existing file) raises
+:class:`NotDurable`: the change is there and may or may not survive a crash, so the
+server treats it as applied (no lease on the old contents is kept) and tells the
+writer so; it was not acknowledged.
 A full disk (ENOSPC) or an I/O error (EIO) leaves no temp file (a failed part or
 commit ends its upload), no file or directory the failed call created, and no
 torn file except as said under In-place writes.
+
+Permissions.  Files the store creates are ``0o600`` and directories ``0o700``,
+private to the server's user; with ``shared=True`` ``0o640`` and ``0o750``.  The
+umask can only narrow them.
+
+One store per root.  ``exclusive=True`` (the server) takes an ``flock`` on
+``.fscache/lock`` before :meth:`recover` runs, since recovering would delete a live
+server's temp files, and holds it until :meth:`close` or the process's end (SIGKILL
+included); a second exclusive store on the root is refused, naming the holder's pid.
 
 Threads.  Every operation but ``read``, ``settle`` and ``facts`` may block on disk;
 the server calls them through ``trio.to_thread.run_sync`` and may call them from
