@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument("--tls", metavar="DIR", help="mutual TLS with the server bundle DIR/server")
     serve.add_argument("--access", metavar="FILE", help="access rules (TOML); SIGHUP reloads")
+    serve.add_argument(
+        "--shared", action="store_true", help="new files and directories readable by the group"
+    )
 
     def client_command(name: str, help_text: str) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
@@ -201,6 +204,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         root=root, host=args.host, port=args.port, term=args.term, skew=args.skew,
         hot_writes=args.hot_writes, tls_dir=args.tls, access_file=args.access,
+        shared=args.shared,
     )  # fmt: skip
 
     async def run() -> None:

@@ -4,6 +4,15 @@ A path names a file below the server's root. It is relative, uses ``/`` as the
 separator, and after normalisation has no empty, ``.`` or ``..`` segment, no NUL,
 no backslash and no control character. The normal form is what the lease table,
 the cache and the store key on, so ``a//b``, ``./a/b`` and ``a/b/`` are one file.
+
+Unicode.  A path is put in NFC (composed) form, so ``café`` typed as ``e`` and a
+combining accent (NFD, as macOS spells names) is the same file, with one lease key,
+as ``café`` with ``é``: two spellings of one name never get two leases on a file
+system that treats them as one.  Normalising rather than refusing keeps clients
+that hand over their file system's spelling working; the client normalises before
+sending, so the wire carries the NFC form.  The store's names (:data:`RESERVED_PREFIX`)
+are reserved without regard to case (``.FSCACHE``, ``.Fscache-tmp-1``): a file
+system that folds case would otherwise let a client reach them.
 The empty path (or ``.``) names the root itself and is allowed only where a
 directory is meant (``allow_root=True``). A lease key is a path, or a directory's
 path and a ``/`` for its listing (:func:`normalize_key`).
@@ -12,6 +21,7 @@ path and a ``/`` for its listing (:func:`normalize_key`).
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from fscache.errors import BadPath
 
@@ -22,9 +32,10 @@ RESERVED_PREFIX = ".fscache"  # the store's temp files and the server's state di
 
 # A path already in normal form, in printable ASCII: the common case, checked in one
 # regex match. Every segment is 1..255 characters other than '/' and '\\', is not
-# '.' or '..' and does not start with the reserved prefix. Anything else (and any
-# path over MAX_PATH_BYTES) takes the rule-by-rule way below.
-_SEGMENT = r"(?!\.\.?(?:/|\Z)|" + re.escape(RESERVED_PREFIX) + r")[ -.0-\[\]-~]{1,255}"
+# '.' or '..' and does not start with the reserved prefix in any case. Printable
+# ASCII is always in NFC. Anything else (and any path over MAX_PATH_BYTES) takes the
+# rule-by-rule way below.
+_SEGMENT = r"(?!\.\.?(?:/|\Z)|(?i:" + re.escape(RESERVED_PREFIX) + r"))[ -.0-\[\]-~]{1,255}"
 _ALREADY_NORMAL = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*")
 
 
@@ -50,6 +61,11 @@ def normalize_key(key: object) -> str:
     return normalize(key)
 
 
+def is_reserved(name: str) -> bool:
+    """Whether the name ``name`` (one segment) is one of the store's own, in any case."""
+    return name.casefold().startswith(RESERVED_PREFIX)
+
+
 def _normalize_by_rules(path: str, allow_root: bool) -> str:
     if "\x00" in path:
         raise BadPath("path contains a NUL byte")
@@ -63,6 +79,9 @@ def _normalize_by_rules(path: str, allow_root: bool) -> str:
         encoded_length = len(path.encode("utf-8"))
     except UnicodeEncodeError:
         raise BadPath(f"path is not valid Unicode: {path!r}") from None
+    if not path.isascii():
+        path = unicodedata.normalize("NFC", path)
+        encoded_length = len(path.encode("utf-8"))
     if encoded_length > MAX_PATH_BYTES:
         raise BadPath(f"path is longer than {MAX_PATH_BYTES} bytes")
     segments = []
@@ -73,7 +92,7 @@ def _normalize_by_rules(path: str, allow_root: bool) -> str:
             raise BadPath(f"path must not contain '..': {path!r}")
         if len(segment.encode("utf-8")) > MAX_SEGMENT_BYTES:
             raise BadPath(f"path segment is longer than {MAX_SEGMENT_BYTES} bytes")
-        if segment.startswith(RESERVED_PREFIX):
+        if is_reserved(segment):
             raise BadPath(f"names starting with {RESERVED_PREFIX!r} are reserved")
         segments.append(segment)
     if not segments and not allow_root:

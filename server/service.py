@@ -87,7 +87,7 @@ from fscache.leases import (
 )
 from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize, normalize_key
-from fscache.server.store import Facts, Store, Upload
+from fscache.server.store import Facts, NotDurable, Store, Upload
 from fscache.settings import (
     CHUNK_SIZE,
     DEFAULT_HOST,
@@ -126,6 +126,7 @@ class ServerSettings:
     send_timeout: float = DEFAULT_SEND_TIMEOUT
     tls_dir: str | None = None
     access_file: str | None = None  # TOML rules (fscache.access); reloaded on SIGHUP
+    shared: bool = False  # files and directories the store makes: group-readable, not private
 
     def __post_init__(self) -> None:
         self.term = check_duration("term", self.term)
@@ -360,6 +361,7 @@ class _Pending:
     request: _LeasedRead | _WriteRequest
     apply: Callable[[], int | None] | None = None
     version: int = 0
+    not_durable: NotDurable | None = None  # applied, visible, maybe not on disk: an error
 
 
 _NOTHING_TO_CACHE = (p.Delete, p.MkDir, p.RmDir)  # answered Done; the writer's lease goes
@@ -379,10 +381,16 @@ class FileService:
         *,
         policy: TermPolicy | None = None,
         blocking_io: BlockingIO = trio.to_thread.run_sync,
+        exclusive: bool = False,
     ) -> None:
         self.settings = settings
         self._blocking_io = blocking_io  # how fsyncing writes run: a worker thread
-        self.store = Store(settings.root, max_file_size=settings.max_file_size)
+        self.store = Store(  # exclusive: the root's lock, refused while another server runs
+            settings.root,
+            max_file_size=settings.max_file_size,
+            shared=settings.shared,
+            exclusive=exclusive,
+        )
         self.policy = policy or AdaptiveTermPolicy(
             default=settings.term, hot_writes=settings.hot_writes, window=max(settings.term, 1.0)
         )
@@ -971,7 +979,12 @@ class FileService:
         pending = self._pending.pop(effect.op)
         request = pending.request
         term = effect.term
-        if isinstance(request, _NOTHING_TO_CACHE):
+        if pending.not_durable is not None:  # the writer knows no version: nothing to cache
+            term = 0.0
+            self.counters.errors += 1
+            exc = pending.not_durable
+            pending.connection.send(p.Error(id=request.id, code=exc.code, message=str(exc)))
+        elif isinstance(request, _NOTHING_TO_CACHE):
             pending.connection.send(p.Done(id=request.id))
         else:
             if effect.path.endswith("/"):  # a directory renamed: its listing is not sent
@@ -1071,6 +1084,9 @@ class FileService:
         try:
             pending.version = await self._blocking_io(pending.apply) or 0
             ok = True
+        except NotDurable as exc:  # it took effect: leases on the old value end
+            pending.not_durable = exc
+            ok = True
         except FscacheError as exc:
             self.counters.errors += 1
             pending.connection.send(p.Error(id=request.id, code=exc.code, message=str(exc)))
@@ -1167,7 +1183,10 @@ async def serve(
 ) -> None:
     """Run a server until cancelled; ``await nursery.start(serve, settings)`` returns the
     :class:`FileService`, whose ``host`` and ``port`` are the bound address."""
-    service = FileService(settings, policy=policy)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(service.run)
-        task_status.started(service)
+    service = FileService(settings, policy=policy, exclusive=True)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            task_status.started(service)
+    finally:
+        service.store.close()

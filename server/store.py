@@ -185,11 +185,23 @@ server's own state directory.)
 Errors.  Every ``OSError`` becomes an :class:`~fscache.errors.FscacheError`
 subclass with a message naming the path.  Only programming errors (wrong argument
 types, ``ValueError``/``TypeError``) and ``MemoryError`` escape untranslated.  A
-write or delete that raises may or may not have taken effect (e.g. the directory
-fsync failed after the rename), as with any storage system; it was not acknowledged.
+failure after the change is visible (the directory fsync after a rename, unlink or
+rmdir; the fsync after an in-place write to an existing file) raises
+:class:`NotDurable`: the change is there and may or may not survive a crash, so the
+server treats it as applied (no lease on the old contents is kept) and tells the
+writer so; it was not acknowledged.
 A full disk (ENOSPC) or an I/O error (EIO) leaves no temp file (a failed part or
 commit ends its upload), no file or directory the failed call created, and no
 torn file except as said under In-place writes.
+
+Permissions.  Files the store creates are ``0o600`` and directories ``0o700``,
+private to the server's user; with ``shared=True`` ``0o640`` and ``0o750``.  The
+umask can only narrow them.
+
+One store per root.  ``exclusive=True`` (the server) takes an ``flock`` on
+``.fscache/lock`` before :meth:`recover` runs, since recovering would delete a live
+server's temp files, and holds it until :meth:`close` or the process's end (SIGKILL
+included); a second exclusive store on the root is refused, naming the holder's pid.
 
 Threads.  Every operation but ``read``, ``settle`` and ``facts`` may block on disk;
 the server calls them through ``trio.to_thread.run_sync`` and may call them from
@@ -203,15 +215,17 @@ only while no write is in flight (it runs in ``__init__``).  POSIX only.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import secrets
 import stat as stat_mod
 import sys
 import threading
+import unicodedata
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from time import time_ns
 
@@ -227,12 +241,21 @@ from fscache.errors import (
     ProtocolError,
     TooLarge,
 )
-from fscache.paths import RESERVED_PREFIX
+from fscache.paths import RESERVED_PREFIX, is_reserved
 
-__all__ = ["TEMP_PREFIX", "Facts", "Store", "Upload"]
+__all__ = ["LOCK_FILE", "TEMP_PREFIX", "Facts", "NotDurable", "Store", "Upload"]
 
+LOCK_FILE = "lock"
+"""In the state directory: held locked (``flock``) by the one store serving the root."""
 TEMP_PREFIX = RESERVED_PREFIX + "-tmp-"
 """Name prefix of the store's temp files; anything with it is garbage after a crash."""
+
+
+class NotDurable(FscacheError):
+    """A change is visible in the tree, but making it durable failed (the directory
+    fsync after a rename, the fsync after an in-place write): it may or may not
+    survive a crash. The old contents are gone; no one may go on trusting them."""
+
 
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture
 _RESOLVE_NO_SYMLINKS = 0x04
@@ -243,6 +266,7 @@ _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONB
 _NOATIME = getattr(os, "O_NOATIME", 0)
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 # In-place writes; NONBLOCK: a FIFO swapped in fails (ENXIO) instead of blocking.
 _UPDATE_FLAGS = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 # The moved inode in a rename, opened only to restamp it (file or directory).
@@ -324,6 +348,8 @@ class Store:
         *,
         max_file_size: int,
         content_cache_bytes: int = 64 << 20,
+        shared: bool = False,
+        exclusive: bool = False,
     ) -> None:
         if max_file_size < 0:
             raise FscacheError(f"max_file_size must be >= 0, not {max_file_size}")
@@ -362,10 +388,20 @@ class Store:
         self._unsettled: list[tuple[int, str, os.stat_result, bytes, int]] = []
         self._openat2: Callable[[str, int], int] | None = _beneath_opener(real)
         self._read_flags = _READ_FLAGS | _NOATIME  # until O_NOATIME is refused
-        self._file_mode = _default_file_mode()  # what a committed upload gets, as write's files
+        # See "Permissions": private to the server's user, or readable by its group.
+        self._file_mode = 0o640 if shared else 0o600
+        self._dir_mode = 0o750 if shared else 0o700
+        self._unlock: Callable[[], object] = lambda: None
+        if exclusive:
+            self._lock_root()  # before recover(): another server's temp files are live
         self.recover()
 
     # ------------------------------------------------------------------ public
+
+    def close(self) -> None:
+        """Let go of the root's lock (see "One store per root"), if this store holds it.
+        The process's exit, even by SIGKILL, lets go of it too."""
+        self._unlock()
 
     def recover(self) -> int:
         """Delete temp files left by a crash anywhere under the root (the state
@@ -492,7 +528,7 @@ class Store:
                 key = self._dir_key(_parent_of(path))
                 try:
                     version = self._replace_durably(
-                        dir_fd, key, name, data, minimum=max(old, floor) + 1
+                        dir_fd, key, name, path, data, minimum=max(old, floor) + 1
                     )
                 except OSError as exc:
                     raise _translate(exc, "write", path) from None
@@ -529,21 +565,17 @@ class Store:
                 raise _translate(exc, "delete", path) from None
             self._forget(path)
             self._raise_floor(full, st.st_mtime_ns)
-            try:
+            with _after_change("delete", path):
                 self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
-            except OSError as exc:
-                raise _translate(exc, "delete", path) from None
 
     def save_state(self, name: str, data: bytes) -> None:
         """Durably write the server's own file ``name`` in the state directory
         (``<root>/.fscache``, a reserved name no client can reach), as any write is."""
         try:
+            dir_fd = self._state_dir()
             try:
-                dir_fd = self._open_dir(RESERVED_PREFIX)
-            except FileNotFoundError:
-                dir_fd = self._make_dirs(RESERVED_PREFIX)
-            try:
-                self._replace_durably(dir_fd, self._dir_key(RESERVED_PREFIX), name, data, minimum=0)
+                key = self._dir_key(RESERVED_PREFIX)
+                self._replace_durably(dir_fd, key, name, name, data, minimum=0)
             finally:
                 os.close(dir_fd)
         except OSError as exc:
@@ -670,7 +702,7 @@ class Store:
                 finally:
                     os.close(fd)
                 key = self._dir_key(_parent_of(path))
-                self._install(upload._dir_fd, upload._temp, dir_fd, key, name)
+                self._install(upload._dir_fd, upload._temp, dir_fd, key, name, path)
                 self._forget(path)
                 with self._mutex:
                     self._floors.pop(full, None)
@@ -774,12 +806,10 @@ class Store:
             self._raise_floor(src_key, src_st.st_mtime_ns)
             with self._mutex:
                 self._floors.pop(dst_full, None)
-            try:
+            with _after_change("rename", src):
                 self._dir_changed(src_dir, self._dir_key(_parent_of(src)))
                 if _parent_of(src) != _parent_of(dst):
                     self._dir_changed(dst_dir, self._dir_key(_parent_of(dst)))
-            except OSError as exc:
-                raise _translate(exc, "rename", src) from None
             return version
 
     def mkdir(self, path: str) -> int:
@@ -806,10 +836,11 @@ class Store:
                 raise NotADirectory(f"cannot rmdir {path!r}: it is not a directory")
             try:
                 os.rmdir(name, dir_fd=dir_fd)
-                self._raise_floor(self._dir_key(path), st.st_mtime_ns)
-                self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
             except OSError as exc:
                 raise _translate(exc, "rmdir", path) from None
+            self._raise_floor(self._dir_key(path), st.st_mtime_ns)
+            with _after_change("rmdir", path):
+                self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
 
     def scandir(self, path: str) -> tuple[int, list[tuple[str, bool, int, int]]]:
         """``(version, [(name, is_dir, size, version), ...])`` of the directory ``path``
@@ -833,7 +864,7 @@ class Store:
             with os.scandir(fd) as found:
                 for entry in found:
                     name = entry.name
-                    if name.startswith(RESERVED_PREFIX) or not _is_utf8(name):
+                    if is_reserved(name) or not _is_client_name(name):
                         continue
                     try:
                         st = entry.stat(follow_symlinks=False)
@@ -851,6 +882,45 @@ class Store:
         return version, entries
 
     # ----------------------------------------------------------------- helpers
+    def _state_dir(self) -> int:
+        """A descriptor of the server's state directory, made (privately) if missing."""
+        try:
+            return self._open_dir(RESERVED_PREFIX)
+        except FileNotFoundError:
+            return self._make_dirs(RESERVED_PREFIX)
+
+    def _lock_root(self) -> None:
+        """Take the root's lock, held until :meth:`close`, or raise :class:`FscacheError`
+        naming the process that holds it."""
+        shown = f"{RESERVED_PREFIX}/{LOCK_FILE}"
+        try:
+            dir_fd = self._state_dir()
+            try:
+                fd = os.open(LOCK_FILE, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            raise _translate(exc, "lock", shown) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # who holds it, for the message
+        except BaseException as exc:
+            holder = b""
+            with suppress(OSError):
+                holder = os.pread(fd, 32, 0).strip()
+            os.close(fd)
+            if isinstance(exc, BlockingIOError):
+                pid = f" (pid {holder.decode(errors='replace')})" if holder else ""
+                raise FscacheError(
+                    f"another fscache server{pid} is serving {self.root} already:"
+                    " one server per tree"
+                ) from None
+            if isinstance(exc, OSError):
+                raise _translate(exc, "lock", shown) from None
+            raise
+        self._unlock = weakref.finalize(self, os.close, fd)
+
     def _open_dir(self, rel: str) -> int:
         """A descriptor (``O_RDONLY | O_DIRECTORY``) of the directory ``rel`` (``""``:
         the root), reached beneath the root with no symlink on the way, by the kernel
@@ -929,14 +999,17 @@ class Store:
             created = old == 0
             try:
                 flags = _UPDATE_FLAGS | (os.O_CREAT | os.O_EXCL if created else 0)
-                fd = os.open(name, flags, 0o666, dir_fd=dir_fd)
+                fd = os.open(name, flags, self._file_mode, dir_fd=dir_fd)
             except OSError as exc:
                 raise _translate(exc, op, path) from None
             try:
                 try:
                     change(fd)
-                    version = _stamp(fd, max(old, floor) + 1)
-                    os.fsync(fd)  # data and inode (the new mtime) in one go
+                    # The bytes are in the file now: a failure after this, on a file
+                    # that was there before, leaves them in it (NotDurable).
+                    with _after_change(op, path) if not created else nullcontext():
+                        version = _stamp(fd, max(old, floor) + 1)
+                        os.fsync(fd)  # data and inode (the new mtime) in one go
                 finally:
                     os.close(fd)
                 if created:
@@ -1083,7 +1156,7 @@ class Store:
         its floor and fsynced, then restamp and fsync ``dir_fd``; return the new
         directory's descriptor and version. Raises OSError, and then leaves no
         directory behind."""
-        os.mkdir(name, 0o777, dir_fd=dir_fd)
+        os.mkdir(name, self._dir_mode, dir_fd=dir_fd)
         try:
             fd = _step(dir_fd, name)
             try:
@@ -1127,29 +1200,31 @@ class Store:
         os.fsync(dir_fd)
 
     def _replace_durably(
-        self, dir_fd: int, key: str, name: str, data: bytes, *, minimum: int
+        self, dir_fd: int, key: str, name: str, path: str, data: bytes, *, minimum: int
     ) -> int:
         """Steps 1-5 of a write (see "Writes" above) of ``name`` in the directory
-        ``dir_fd`` (lock key ``key``): see :func:`_fill` and :meth:`_install`."""
+        ``dir_fd`` (lock key ``key``; ``path``): see :func:`_fill` and :meth:`_install`."""
         temp = TEMP_PREFIX + secrets.token_hex(8)
-        fd = os.open(temp, _TEMP_FLAGS, 0o666, dir_fd=dir_fd)
+        fd = os.open(temp, _TEMP_FLAGS, self._file_mode, dir_fd=dir_fd)
         version = _fill(dir_fd, temp, fd, data, minimum=minimum)
-        self._install(dir_fd, temp, dir_fd, key, name)
+        self._install(dir_fd, temp, dir_fd, key, name, path)
         return version
 
-    def _install(self, tmp_dir: int, tmp: str, dir_fd: int, key: str, name: str) -> None:
+    def _install(self, tmp_dir: int, tmp: str, dir_fd: int, key: str, name: str, path: str) -> None:
         """Rename the stamped, fsynced temp file ``tmp`` (in directory ``tmp_dir``) onto
-        ``name`` in ``dir_fd``, then restamp and fsync that directory (and the temp's
-        own, if another). Raises OSError; a temp file that was not renamed is removed."""
+        ``name`` in ``dir_fd`` (``path``), then restamp and fsync that directory (and
+        the temp's own, if another). Raises OSError before the rename (and removes the
+        temp file), :class:`NotDurable` after it."""
         try:
             os.rename(tmp, name, src_dir_fd=tmp_dir, dst_dir_fd=dir_fd)
         except BaseException:
             with suppress(OSError):  # if it stays, recover() removes it at the next start
                 os.unlink(tmp, dir_fd=tmp_dir)
             raise
-        self._dir_changed(dir_fd, key)
-        if tmp_dir != dir_fd and not os.path.samestat(os.fstat(tmp_dir), os.fstat(dir_fd)):
-            os.fsync(tmp_dir)
+        with _after_change("write", path):
+            self._dir_changed(dir_fd, key)
+            if tmp_dir != dir_fd and not os.path.samestat(os.fstat(tmp_dir), os.fstat(dir_fd)):
+                os.fsync(tmp_dir)
 
 
 # --------------------------------------------------------------------- functions
@@ -1202,7 +1277,8 @@ def _plainly_relative(path: str) -> bool:
         path[:1] not in ("", "/")
         and ".." not in path
         and "\0" not in path
-        and RESERVED_PREFIX not in path
+        and path.isascii()
+        and RESERVED_PREFIX not in path.lower()
     )
 
 
@@ -1227,6 +1303,17 @@ def _regular_file_version(st: os.stat_result, op: str, path: str) -> int:
     if _file_or_dir(st, op, path):
         raise IsADirectory(f"cannot {op} {path!r}: it is a directory")
     return st.st_mtime_ns
+
+
+@contextmanager
+def _after_change(op: str, path: str) -> Iterator[None]:
+    """Around the steps that make a change already visible durable: an OSError there
+    becomes :class:`NotDurable`, which says the change may or may not be kept."""
+    try:
+        yield
+    except OSError as exc:
+        cause = _translate(exc, op, path)
+        raise NotDurable(f"{cause}; the change is visible but may or may not be durable") from None
 
 
 def _translate(exc: OSError, op: str, path: str) -> FscacheError:
@@ -1307,14 +1394,15 @@ def _fill(dir_fd: int, temp: str, fd: int, data: bytes, *, minimum: int) -> int:
     return version
 
 
-def _is_utf8(name: str) -> bool:
+def _is_client_name(name: str) -> bool:
+    """Whether a client can name ``name``: valid UTF-8 in NFC (see :mod:`fscache.paths`)."""
     if name.isascii():
         return True
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
         return False
-    return True
+    return unicodedata.is_normalized("NFC", name)
 
 
 def _lstat_at(dir_fd: int, name: str, op: str, path: str) -> os.stat_result | None:
@@ -1348,9 +1436,7 @@ def _check_path(path: str, op: str) -> None:
     if (
         "\0" in path
         or path.startswith("/")
-        or any(
-            part in ("", ".", "..") or part.startswith(RESERVED_PREFIX) for part in path.split("/")
-        )
+        or any(part in ("", ".", "..") or is_reserved(part) for part in path.split("/"))
     ):
         raise BadPath(f"cannot {op} {path!r}: not a plain path below the root, or a reserved name")
 
@@ -1415,15 +1501,3 @@ def _reserve(fd: int, offset: int, length: int) -> None:
     except OSError as exc:
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             raise
-
-
-def _default_file_mode() -> int:
-    """``0o666`` less the process's umask: the mode :meth:`Store.write` gives new files.
-    Read from ``/proc`` where it is shown, as ``os.umask`` can only read by setting."""
-    with suppress(OSError, ValueError), open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("Umask:"):
-                return 0o666 & ~int(line.split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask

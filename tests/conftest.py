@@ -17,6 +17,10 @@
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 
@@ -26,3 +30,22 @@ def root(tmp_path):
     path = tmp_path / "root"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs, mounted for real (skipped where this machine will not)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=64", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "--lazy", str(mnt)], check=True)  # a Store may hold its root

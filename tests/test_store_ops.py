@@ -12,7 +12,6 @@ import contextlib
 import errno
 import os
 import stat
-import subprocess
 import threading
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -627,25 +626,6 @@ def test_mkdir_and_rmdir_fsync_the_parent(store: Store, calls: list[str]) -> Non
 
 
 # ---------------------------------------------------------------- disk errors
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs, mounted for real (skipped where this machine will not)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=64", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip() or done.returncode}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "--lazy", str(mnt)], check=True)  # a Store may hold its root
 
 
 def test_full_disk_ends_an_upload_without_a_temp_file(small_disk: Path) -> None:
