@@ -16,12 +16,12 @@ import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import trio
 
-from fscache.cache import DEFAULT_MAX_BYTES
-from fscache.client.client import Client, StatResult, open_client, parse_address
+from fscache.cache import DEFAULT_MAX_BYTES, DirEntry
+from fscache.client.client import Client, Source, StatResult, open_client, parse_address
 from fscache.errors import FscacheError
 from fscache.paths import normalize
 from fscache.settings import DEFAULT_ADDRESS
@@ -89,33 +89,76 @@ class BlockingClient:
                 raise
 
     # ------------------------------------------------------------ the hot path
-    def read(self, path: str) -> bytes:
+    def read(self, path: str, *, offset: int = 0, length: int | None = None) -> bytes:
+        """:meth:`Client.read`; a whole small file cached under a lease is answered
+        on this thread."""
         entry = self._cache.lookup(path, time.monotonic())
         if entry is None:
             normal = normalize(path)  # another spelling of a cached path hits here too
             entry = self._cache.lookup(normal, time.monotonic()) if normal != path else None
             if entry is None:
-                return self._run(self._client.read, normal)
+                return self._run(lambda: self._client.read(normal, offset=offset, length=length))
         self._hits += 1
+        if offset or length is not None:
+            return self._run(lambda: self._client.read(path, offset=offset, length=length))
         return entry.data
 
     # ------------------------------------------------------------ everything else
-    def write(self, path: str, data: bytes, *, if_version: int | None = None) -> int:
-        return self._run(lambda: self._client.write(path, data, if_version=if_version))
+    def read_into(self, path: str, file: IO[bytes]) -> int:
+        """:meth:`Client.read_into`: stream ``path`` into ``file``, bounded memory."""
+        return self._run(self._client.read_into, path, file)
+
+    def write(
+        self,
+        path: str,
+        data: Source,
+        *,
+        if_version: int | None = None,
+        offset: int | None = None,
+    ) -> int:
+        """:meth:`Client.write`: bytes or a binary file; in place with ``offset``."""
+        return self._run(
+            lambda: self._client.write(path, data, if_version=if_version, offset=offset)
+        )
+
+    def truncate(self, path: str, size: int, *, if_version: int | None = None) -> int:
+        """:meth:`Client.truncate`."""
+        return self._run(lambda: self._client.truncate(path, size, if_version=if_version))
 
     def delete(self, path: str, *, if_version: int | None = None) -> None:
+        """:meth:`Client.delete`."""
         self._run(lambda: self._client.delete(path, if_version=if_version))
 
+    def rename(self, src: str, dst: str) -> int:
+        """:meth:`Client.rename`."""
+        return self._run(self._client.rename, src, dst)
+
+    def mkdir(self, path: str) -> None:
+        """:meth:`Client.mkdir`."""
+        self._run(self._client.mkdir, path)
+
+    def rmdir(self, path: str) -> None:
+        """:meth:`Client.rmdir`."""
+        self._run(self._client.rmdir, path)
+
     def stat(self, path: str) -> StatResult:
+        """:meth:`Client.stat`."""
         return self._run(self._client.stat, path)
 
+    def scandir(self, path: str = "") -> list[DirEntry]:
+        """:meth:`Client.scandir`."""
+        return self._run(self._client.scandir, path)
+
     def listdir(self, path: str = "") -> list[str]:
+        """:meth:`Client.listdir`."""
         return self._run(self._client.listdir, path)
 
     def relinquish(self, *paths: str) -> None:
+        """:meth:`Client.relinquish`."""
         self._run(self._client.relinquish, *paths)
 
     def server_stats(self) -> dict[str, Any]:
+        """:meth:`Client.server_stats`."""
         return self._run(self._client.server_stats)
 
     @property

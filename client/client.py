@@ -19,6 +19,19 @@ comparison). Otherwise concurrent
 misses on one path share one request, sent with the cached version (if any) so
 an unchanged file costs a not-modified reply and no data.
 
+A file larger than one chunk comes in chunks (:data:`~fscache.settings.CHUNK_SIZE`):
+the first with a ``read``, the rest with ``read_range``, a few in flight at once,
+each cached under the file's lease as it arrives. Every chunk of one read must
+have one version; if they differ the file changed between them, and the read is
+dropped and starts over. A big write goes up in parts (``upload_*``), a few in
+flight; an upload that fails or is cancelled is aborted. Transfers hold at most
+:data:`IN_FLIGHT` chunks of their own in memory.
+
+An operation that changes names (a write that may create, a delete, rename,
+mkdir, rmdir) voids this client's own copies of every key it touches as it is
+sent, the parents' listings included: the server asks every holder but the
+writer for approval.
+
 The transport's errors (a broken, closed or failed socket) become fscache's at
 one boundary, :class:`_TransportErrors`. If the connection breaks (or stops
 answering pings while requests wait), every waiting request fails with
@@ -31,19 +44,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import ssl
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import trio
 
 from fscache import protocol as p
-from fscache.cache import DEFAULT_MAX_BYTES, LeaseCache
+from fscache.cache import DEFAULT_MAX_BYTES, DirEntry, LeaseCache
 from fscache.errors import (
+    Conflict,
     FscacheError,
     ProtocolError,
     TooLarge,
@@ -51,9 +67,11 @@ from fscache.errors import (
     Unavailable,
     error_for_code,
 )
+from fscache.names import dir_key, parent
 from fscache.net import Wire, wire_for
 from fscache.paths import normalize
 from fscache.settings import (
+    CHUNK_SIZE,
     DEFAULT_HOST,
     DEFAULT_MAX_FRAME,
     DEFAULT_PORT,
@@ -74,6 +92,14 @@ BACKOFF_MAX = 2.0
 PING_AFTER = 1.0  # silence while requests wait before we ping
 DEAD_AFTER = 3.0  # silence while requests wait before the connection is given up
 RELINQUISH_BATCH = 256
+IN_FLIGHT = 4  # chunk reads or upload parts a transfer keeps in flight (memory: 4 MiB)
+READ_ATTEMPTS = 8  # a big file read whole that changes this often between chunks: give up
+
+Source = IO[bytes] | bytes | bytearray | memoryview
+
+
+class _Changed(Exception):
+    """The file changed between two chunks of one read (their versions differ)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,6 +120,8 @@ class _Request:
     sent_at: float = 0.0
     have: int | None = None  # a revalidating read: the version it names ...
     data: bytes = b""  # ... and the cached data of that version
+    entries: tuple[DirEntry, ...] = ()  # (a revalidating scandir: the cached listing)
+    size: int = 0  # (a revalidating chunk read: the file's size at that version)
     id: int = 0
     reply: p.Message | None = None
     error: BaseException | None = None
@@ -225,35 +253,229 @@ class Client:
         )  # fmt: skip
 
     # ------------------------------------------------------------ public API
-    async def read(self, path: str) -> bytes:
-        """The contents of ``path``: from the cache while a lease covers it, else from
-        the server (which grants a new lease)."""
+    async def read(self, path: str, *, offset: int = 0, length: int | None = None) -> bytes:
+        """The contents of ``path`` (bytes ``[offset, offset + length)`` of it; to the
+        end when ``length`` is None): from the cache while a lease covers it, else from
+        the server (which grants a new lease). A big file comes chunk by chunk, each
+        cached under the file's lease."""
         entry = self._cache.lookup(path, self._clock())
         if entry is not None:
             self._hits += 1
+            if offset or length is not None:
+                return _cut(entry.data, offset, length)
             return entry.data
-        return await self._read_miss(path)
+        return await self._read_miss(path, offset, length)
 
-    async def write(self, path: str, data: bytes, *, if_version: int | None = None) -> int:
-        """Write ``data`` to ``path`` durably; returns the new version. Waits until every
-        other cache holding ``path`` has approved or its lease has run out."""
+    async def read_into(self, path: str, file: IO[bytes]) -> int:
+        """Copy the whole of ``path`` into the binary ``file``, chunk by chunk, holding
+        at most a few chunks (and what the cache's byte bound allows); returns the
+        bytes copied. If the file changes between chunks the copy starts over (a
+        seekable ``file`` is rewound and cut; any other raises :class:`Conflict`)."""
         path = normalize(path)
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise TypeError(f"data must be bytes, not {type(data).__name__}")
-        data = bytes(data)
+        start = file.tell() if file.seekable() else None
+
+        async def sink(data: bytes) -> None:
+            await trio.to_thread.run_sync(file.write, data)
+
+        for _ in range(READ_ATTEMPTS):
+            try:
+                return await self._stream(path, 0, None, sink)
+            except _Changed:
+                if start is None:
+                    raise Conflict(f"{path} changed while it was copied") from None
+                file.seek(start)
+                file.truncate()
+        raise Conflict(f"{path} kept changing while it was copied")
+
+    async def write(
+        self,
+        path: str,
+        data: Source,
+        *,
+        if_version: int | None = None,
+        offset: int | None = None,
+    ) -> int:
+        """Write ``data`` (bytes, or a binary file object read chunk by chunk) to
+        ``path`` durably; returns the new version. Waits until every other cache
+        holding ``path`` has approved or its lease has run out.
+
+        Without ``offset`` the file is replaced atomically (readers see the old or the
+        new contents); more than one chunk goes up as an upload, a few parts in
+        flight, aborted if anything fails. With ``offset`` the bytes are written in
+        place at ``offset`` (the file is created if missing), one chunk per request:
+        only each chunk is atomic. ``if_version``: compare-and-set."""
+        path = normalize(path)
+        if not isinstance(data, bytes | bytearray | memoryview) and not hasattr(data, "read"):
+            raise TypeError(f"data must be bytes or a binary file, not {type(data).__name__}")
+        if offset is not None:
+            return await self._write_in_place(path, data, offset, if_version)
+        if isinstance(data, bytes | bytearray | memoryview) and len(data) <= CHUNK_SIZE:
+            return await self._write_whole(path, bytes(data), if_version)
+        return await self._upload(path, data, if_version)
+
+    async def _write_whole(self, path: str, data: bytes, if_version: int | None) -> int:
         link = await self._current_link()
         if len(data) > link.welcome.max_frame - 1024:
             raise TooLarge(f"{len(data)} bytes is over the server's limit")
         self._counters["writes"] += 1
         reply = await self._call(
             link,
-            lambda i: self._void_own_copy(
-                i, path, p.Write(id=i, path=path, data=data, if_version=if_version)
+            lambda i: self._void_own_copies(
+                i, _with_parent(path), p.Write(id=i, path=path, data=data, if_version=if_version)
             ),
             path,
         )
         assert isinstance(reply, p.Written)
         return reply.version
+
+    async def _upload(self, path: str, data: Source, if_version: int | None) -> int:
+        """Send ``data`` as an upload: begin, parts (IN_FLIGHT at most), commit; abort
+        on any error or cancellation before the commit's reply."""
+        next_part = _parts(data)
+        link = await self._current_link()
+        self._counters["writes"] += 1
+        begin = await self._call_request(link, lambda i: p.UploadBegin(id=i, path=path), path)
+        upload = begin.id
+        try:
+            sent = 0
+            parts: deque[_Request] = deque()
+            while part := await next_part():
+                if len(parts) >= IN_FLIGHT:
+                    await self._finish(link, parts.popleft())
+                parts.append(
+                    await self._start(
+                        link,
+                        _Request(path),
+                        lambda i, at=sent, part=part: p.UploadPart(  # type: ignore[misc]
+                            id=i, upload=upload, offset=at, data=part
+                        ),
+                    )
+                )
+                sent += len(part)
+            while parts:
+                await self._finish(link, parts.popleft())
+            reply = await self._call(
+                link,
+                lambda i: self._void_own_copies(
+                    i,
+                    _with_parent(path),
+                    p.UploadCommit(id=i, upload=upload, if_version=if_version),
+                ),
+                path,
+            )
+        except BaseException:
+            with (
+                trio.CancelScope(shield=True),
+                trio.move_on_after(RECONNECT_WAIT),
+                contextlib.suppress(FscacheError),
+            ):
+                await self._call(link, lambda i: p.UploadAbort(id=i, upload=upload))
+            raise
+        assert isinstance(reply, p.Written)
+        return reply.version
+
+    async def _write_in_place(
+        self, path: str, data: Source, offset: int, if_version: int | None
+    ) -> int:
+        if offset < 0:
+            raise ValueError("offset must be >= 0")
+        next_part = _parts(data)
+        link = await self._current_link()
+        self._counters["writes"] += 1
+        version = None
+        first = True
+        while (part := await next_part()) or first:
+            first = False
+            message = functools.partial(
+                p.WriteRange, path=path, offset=offset, data=part, if_version=if_version
+            )
+            reply = await self._call(
+                link,
+                lambda i, message=message: self._void_own_copies(  # type: ignore[misc]
+                    i, _with_parent(path), message(id=i)
+                ),
+                path,
+            )
+            assert isinstance(reply, p.Written)
+            version = reply.version
+            if if_version is not None:
+                if_version = version  # the next chunk only on top of this one
+            offset += len(part)
+        assert version is not None
+        return version
+
+    async def truncate(self, path: str, size: int, *, if_version: int | None = None) -> int:
+        """Cut or extend ``path`` to ``size`` bytes; returns the new version."""
+        path = normalize(path)
+        if size < 0:
+            raise ValueError("size must be >= 0")
+        self._counters["writes"] += 1
+        link = await self._current_link()
+        reply = await self._call(
+            link,
+            lambda i: self._void_own_copies(
+                i, _with_parent(path), p.Truncate(id=i, path=path, size=size, if_version=if_version)
+            ),
+            path,
+        )
+        assert isinstance(reply, p.Written)
+        return reply.version
+
+    async def rename(self, src: str, dst: str) -> int:
+        """Move ``src`` to ``dst`` atomically (POSIX ``rename``: an existing file at
+        ``dst`` is replaced); returns the version now at ``dst``. Every other client's
+        copies of either name (and of anything below a renamed directory) are gone
+        before this returns."""
+        src, dst = normalize(src), normalize(dst)
+        for below in (dir_key(src), dir_key(dst)):
+            self._cache.drop_beneath(below)
+        keys = (*_with_parent(src), *_with_parent(dst), dir_key(src), dir_key(dst))
+        link = await self._current_link()
+        reply = await self._call(
+            link,
+            lambda i: self._void_own_copies(i, keys, p.Rename(id=i, src=src, dst=dst)),
+            dst,
+        )
+        assert isinstance(reply, p.Written)
+        return reply.version
+
+    async def mkdir(self, path: str) -> None:
+        """Make directory ``path`` (:class:`Exists` if the name is taken,
+        :class:`NotFound` if its parent is missing)."""
+        path = normalize(path)
+        keys = (dir_key(path), dir_key(parent(path)))
+        link = await self._current_link()
+        await self._call(link, lambda i: self._void_own_copies(i, keys, p.MkDir(id=i, path=path)))
+
+    async def rmdir(self, path: str) -> None:
+        """Remove the empty directory ``path`` (:class:`NotEmpty`, :class:`NotADirectory`)."""
+        path = normalize(path)
+        keys = (dir_key(path), dir_key(parent(path)))
+        link = await self._current_link()
+        await self._call(link, lambda i: self._void_own_copies(i, keys, p.RmDir(id=i, path=path)))
+
+    async def scandir(self, path: str = "") -> list[DirEntry]:
+        """The entries of directory ``path`` sorted by name, from the cache while a
+        lease on the listing covers it, else from the server."""
+        path = normalize(path, allow_root=True)
+        key = dir_key(path)
+        listing = self._cache.lookup_listing(key, self._clock())
+        if listing is not None:
+            self._hits += 1
+            return list(listing.entries)
+        self._counters["misses"] += 1
+        cached = self._cache.get_listing(key)
+        request = _Request(key)
+        if cached is not None:
+            request.have = cached.version
+            request.entries = cached.entries
+        link = await self._current_link()
+        have = request.have
+        await self._send_request(link, request, lambda i: p.ScanDir(id=i, path=path, have=have))
+        reply = request.reply
+        if isinstance(reply, p.Entries):
+            return list(_dir_entries(reply))
+        return list(request.entries)
 
     async def delete(self, path: str, *, if_version: int | None = None) -> None:
         path = normalize(path)
@@ -261,33 +483,44 @@ class Client:
         link = await self._current_link()
         await self._call(
             link,
-            lambda i: self._void_own_copy(
-                i, path, p.Delete(id=i, path=path, if_version=if_version)
+            lambda i: self._void_own_copies(
+                i, _with_parent(path), p.Delete(id=i, path=path, if_version=if_version)
             ),
             path,
         )
 
-    def _void_own_copy(self, request_id: int, path: str, message: M) -> M:
-        """Builds the write or delete ``message`` of ``path`` as it is sent.
+    def _void_own_copies(self, request_id: int, keys: Iterable[str], message: M) -> M:
+        """Builds ``message``, a change of the names and listings ``keys``, as it is sent.
 
         The server asks every holder but the writer for approval, and other clients can
         read the new contents before our reply arrives -- or if it never does. So from
-        now on our old copy is void: drop it, let no new reader join an older read, and
-        do not cache the reply to any request sent before this one."""
-        self._cache.drop(path)
-        self._inflight.pop(path, None)
-        self._relinquished[path] = request_id
+        now on our old copies are void: drop them, let no new reader join an older
+        read, and do not cache the reply to any request sent before this one."""
+        for key in keys:
+            self._cache.drop(key)
+            self._inflight.pop(key, None)
+            self._relinquished[key] = request_id
         return message
 
     async def stat(self, path: str) -> StatResult:
+        """Version and size of ``path``: from the cache while a lease on the file is
+        held, else from the server."""
         path = normalize(path, allow_root=True)
+        leased = self.leased(path)
+        if leased is not None:
+            return leased
         link = await self._current_link()
         reply = await self._call(link, lambda i: p.Stat(id=i, path=path))
         assert isinstance(reply, p.StatResult)
         return StatResult(path, reply.version, reply.size, reply.is_dir)
 
     async def listdir(self, path: str = "") -> list[str]:
+        """Sorted names in directory ``path``, directories with a trailing ``/`` (from a
+        cached :meth:`scandir` listing while its lease holds)."""
         path = normalize(path, allow_root=True)
+        listing = self._cache.lookup_listing(dir_key(path), self._clock())
+        if listing is not None:
+            return [e.name + "/" if e.is_dir else e.name for e in listing.entries]
         link = await self._current_link()
         reply = await self._call(link, lambda i: p.ListDir(id=i, path=path))
         assert isinstance(reply, p.Listing)
@@ -345,10 +578,14 @@ class Client:
     def leased(self, path: str) -> StatResult | None:
         """The attributes of ``path`` as cached, if a trusted lease covers it now (no
         request: the lease that keeps the data current keeps its size current too)."""
-        entry = self._cache.lookup(path, self._clock())
-        if entry is None:
-            return None
-        return StatResult(path, entry.version, len(entry.data), False)
+        now = self._clock()
+        entry = self._cache.lookup(path, now)
+        if entry is not None:
+            return StatResult(path, entry.version, len(entry.data), False)
+        chunks = self._cache.chunks(path)
+        if chunks is not None and now < chunks.expiry:
+            return StatResult(path, chunks.version, chunks.size, False)
+        return None
 
     def lease_remaining(self, path: str) -> float:
         """Seconds the lease on ``path`` is still trusted (0.0 if none)."""
@@ -380,10 +617,21 @@ class Client:
         return self._link is not None and not self._link.broken
 
     # ------------------------------------------------------------ reads
-    async def _read_miss(self, path: str) -> bytes:
+    async def _read_miss(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         normal = normalize(path)
         if normal != path:  # another spelling of a path that may be cached
-            return await self.read(normal)
+            return await self.read(normal, offset=offset, length=length)
+        if offset < 0 or (length is not None and length < 0):
+            raise ValueError("offset and length must be >= 0")
+        whole = offset == 0 and length is None
+        if (not whole and path not in self._cache.entries) or path in self._cache.files:
+            return await self._read_chunked(path, offset, length, None)
+        result = await self._read_whole(path)
+        if isinstance(result, p.Chunk):  # bigger than one chunk: fetch the rest
+            return await self._read_chunked(path, 0, None, result)
+        return result if whole else _cut(result, offset, length)
+
+    async def _read_whole(self, path: str) -> bytes | p.Chunk:
         entry = self._cache.get(path)
         self._counters["misses"] += 1
         shared = self._inflight.get(path)
@@ -392,7 +640,7 @@ class Client:
             await shared.done.wait()
             if shared.error is None or isinstance(shared.error, FscacheError):
                 return self._read_result(shared)
-            return await self._read_miss(path)  # its sender was cancelled: ask ourselves
+            return await self._read_whole(path)  # its sender was cancelled: ask ourselves
         request = _Request(path)
         if entry is not None:  # revalidate it: an unchanged file costs no data
             request.have = entry.version
@@ -414,14 +662,124 @@ class Client:
                 del self._inflight[path]
         return self._read_result(request)
 
-    def _read_result(self, request: _Request) -> bytes:
+    def _read_result(self, request: _Request) -> bytes | p.Chunk:
         if request.error is not None:
             raise _copy_error(request.error)
         reply = request.reply
-        if isinstance(reply, p.Data):
-            return reply.data
+        if isinstance(reply, p.Data | p.Chunk):
+            return reply if type(reply) is p.Chunk else reply.data
         assert isinstance(reply, p.NotModified)
         return request.data
+
+    async def _read_chunked(
+        self, path: str, offset: int, length: int | None, first: p.Chunk | None
+    ) -> bytes:
+        """Bytes ``[offset, offset + length)`` of ``path`` chunk by chunk, all of one
+        version (started over if the file changes between chunks)."""
+        parts: list[bytes] = []
+
+        async def sink(data: bytes) -> None:
+            parts.append(data)
+
+        for _ in range(READ_ATTEMPTS):
+            parts.clear()
+            try:
+                await self._stream(path, offset, length, sink, first)
+            except _Changed:
+                first = None
+                continue
+            return b"".join(parts)
+        raise Conflict(f"{path} kept changing while it was read")
+
+    async def _stream(
+        self,
+        path: str,
+        offset: int,
+        length: int | None,
+        sink: Callable[[bytes], Awaitable[None]],
+        first: p.Chunk | None = None,
+    ) -> int:
+        """Hand bytes ``[offset, offset + length)`` of ``path`` to ``sink`` in order,
+        chunk by chunk from the cache or the server (IN_FLIGHT requests at most);
+        returns the bytes handed over. :class:`_Changed` (after dropping the file's
+        chunks) if two chunks differ in version. ``first``: chunk 0, already read."""
+        self._counters["misses"] += 1
+        chunks = self._cache.chunks(path)
+        known: dict[int, bytes] = {}
+        if first is not None:
+            version, size, known[0] = first.version, first.size, first.data
+        elif chunks is not None and self._clock() < chunks.expiry:
+            version, size = chunks.version, chunks.size
+        else:
+            index = offset // CHUNK_SIZE
+            known[index], version, size = await self._fetch_chunk(path, index)
+        end = size if length is None else min(size, offset + length)
+        if end <= offset:
+            return 0
+        link = await self._current_link()
+        pending: deque[tuple[int, bytes | _Request]] = deque()
+        copied = 0
+
+        async def hand_over() -> None:
+            nonlocal copied
+            index, got = pending.popleft()
+            if isinstance(got, _Request):
+                await self._finish(link, got)
+                data, got_version, _ = self._chunk_result(got)
+                if got_version != version:
+                    self._cache.drop(path)
+                    raise _Changed
+            else:
+                data = got
+            start = index * CHUNK_SIZE
+            piece = data[max(offset - start, 0) : end - start]
+            copied += len(piece)
+            await sink(piece)
+
+        for index in range(offset // CHUNK_SIZE, (end - 1) // CHUNK_SIZE + 1):
+            if len(pending) >= IN_FLIGHT:
+                await hand_over()
+            if index in known:
+                pending.append((index, known.pop(index)))
+                continue
+            entry = self._cache.lookup_chunk(path, index, self._clock())
+            if entry is not None and entry.version == version:
+                self._hits += 1
+                pending.append((index, entry.data))
+                continue
+            pending.append((index, await self._start_chunk(link, path, index)))
+        while pending:
+            await hand_over()
+        return copied
+
+    async def _fetch_chunk(self, path: str, index: int) -> tuple[bytes, int, int]:
+        """Chunk ``index`` of ``path`` from the server: (data, version, file size)."""
+        link = await self._current_link()
+        request = await self._start_chunk(link, path, index)
+        await self._finish(link, request)
+        return self._chunk_result(request)
+
+    async def _start_chunk(self, link: _Link, path: str, index: int) -> _Request:
+        request = _Request(path)
+        cached, chunks = self._cache.chunk(path, index), self._cache.chunks(path)
+        if cached is not None and chunks is not None:  # revalidate: costs no data
+            request.have, request.data, request.size = cached.version, cached.data, chunks.size
+        have = request.have
+        return await self._start(
+            link,
+            request,
+            lambda i: p.ReadRange(
+                id=i, path=path, offset=index * CHUNK_SIZE, length=CHUNK_SIZE, have=have
+            ),
+        )
+
+    @staticmethod
+    def _chunk_result(request: _Request) -> tuple[bytes, int, int]:
+        reply = request.reply
+        if isinstance(reply, p.Chunk):
+            return reply.data, reply.version, reply.size
+        assert isinstance(reply, p.NotModified)
+        return request.data, reply.version, request.size
 
     # ------------------------------------------------------------ requests
     async def _call(
@@ -443,6 +801,14 @@ class Client:
     ) -> None:
         """Send what ``make`` builds for the request's id (a message, or a read's frame),
         wait for the reply (the reader fills it in), raise the server's error."""
+        await self._start(link, request, make)
+        await self._finish(link, request)
+
+    async def _start(
+        self, link: _Link, request: _Request, make: Callable[[int], p.Message | bytes]
+    ) -> _Request:
+        """Send the request without waiting for its reply (:meth:`_finish` waits):
+        how a transfer keeps several in flight."""
         self._next_id += 1
         request_id = self._next_id
         built = make(request_id)
@@ -459,12 +825,19 @@ class Client:
         link.waiting[request_id] = request
         try:
             await link.send_frame(frame)
-            await request.done.wait()
-        except Unavailable:
-            self._link_lost(link)
-            raise
-        finally:
+        except BaseException as exc:
             link.waiting.pop(request_id, None)
+            if isinstance(exc, Unavailable):
+                self._link_lost(link)
+            raise
+        return request
+
+    async def _finish(self, link: _Link, request: _Request) -> None:
+        """Wait for the reply to a request :meth:`_start` sent; raise the server's error."""
+        try:
+            await request.done.wait()
+        finally:
+            link.waiting.pop(request.id, None)
         if request.error is not None:
             raise _copy_error(request.error)
 
@@ -524,14 +897,38 @@ class Client:
                 evicted = self._cache.store(
                     request.path, reply.data, reply.version, reply.term, request.sent_at
                 )
+        elif type(reply) is p.Chunk:
+            if may_cache:
+                evicted = self._cache.store_chunk(
+                    path,
+                    sent.offset // CHUNK_SIZE if isinstance(sent, p.ReadRange) else 0,
+                    reply.data,
+                    version=reply.version,
+                    size=reply.size,
+                    term=reply.term,
+                    sent_at=request.sent_at,
+                )
         elif isinstance(reply, p.NotModified):
             self._counters["not_modified"] += 1
             if request.have != reply.version:  # also None: not a revalidating read
                 request.reply = None  # a server bug; fail safe rather than guess
                 request.error = ProtocolError("not-modified for a version not asked about")
-            elif may_cache:
+            elif not may_cache:
+                pass
+            elif isinstance(sent, p.ReadRange):
+                self._cache.extend(path, reply.version, reply.term, request.sent_at)
+            elif isinstance(sent, p.ScanDir):
+                self._cache.store_listing(
+                    path, request.entries, reply.version, reply.term, request.sent_at
+                )
+            else:
                 evicted = self._cache.store(
                     request.path, request.data, reply.version, reply.term, request.sent_at
+                )
+        elif type(reply) is p.Entries:
+            if may_cache:
+                self._cache.store_listing(
+                    path, _dir_entries(reply), reply.version, reply.term, request.sent_at
                 )
         elif isinstance(reply, p.Written) and isinstance(sent, p.Write):
             if may_cache:
@@ -713,6 +1110,51 @@ def _ssl_reason(exc: BaseException) -> str:
     return str(exc)
 
 
+def _cut(data: bytes, offset: int, length: int | None) -> bytes:
+    if offset < 0 or (length is not None and length < 0):
+        raise ValueError("offset and length must be >= 0")
+    return data[offset:] if length is None else data[offset : offset + length]
+
+
+def _with_parent(path: str) -> tuple[str, str]:
+    """A file's key and its directory's (a write may create the name, a delete removes it)."""
+    return path, dir_key(parent(path))
+
+
+def _dir_entries(reply: p.Entries) -> tuple[DirEntry, ...]:
+    return tuple(
+        DirEntry(name, is_dir, size, version)
+        for name, is_dir, size, version in zip(
+            reply.names, reply.dirs, reply.sizes, reply.versions, strict=True
+        )
+    )
+
+
+def _parts(data: Source) -> Callable[[], Awaitable[bytes]]:
+    """The next chunk of ``data`` on each call (b"" at the end): bytes are sliced, a
+    file is read on a worker thread (a pipe may block)."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        view = memoryview(data)
+        at = 0
+
+        async def next_slice() -> bytes:
+            nonlocal at
+            part = bytes(view[at : at + CHUNK_SIZE])
+            at += len(part)
+            return part
+
+        return next_slice
+    file = data
+
+    async def next_read() -> bytes:
+        part = await trio.to_thread.run_sync(file.read, CHUNK_SIZE)
+        if not isinstance(part, bytes | bytearray):
+            raise TypeError(f"the file gave {type(part).__name__}, not bytes: open it in 'rb'")
+        return bytes(part)
+
+    return next_read
+
+
 def _copy_error(error: BaseException) -> BaseException:
     """A fresh exception of the same kind, so concurrent waiters don't share tracebacks."""
     if isinstance(error, FscacheError):
@@ -796,4 +1238,12 @@ async def open_client(
         raise body_error
 
 
-__all__ = ["DEFAULT_PORT", "Client", "StatResult", "open_client", "parse_address", "tcp_opener"]
+__all__ = [
+    "DEFAULT_PORT",
+    "Client",
+    "DirEntry",
+    "StatResult",
+    "open_client",
+    "parse_address",
+    "tcp_opener",
+]

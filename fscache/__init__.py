@@ -9,11 +9,15 @@ with fscache.connect("127.0.0.1:7710") as c:              # from ordinary code
 
 from typing import TYPE_CHECKING, Any
 
+from fscache.cache import DirEntry
 from fscache.errors import (
     BadPath,
     Conflict,
+    Exists,
     FscacheError,
     IsADirectory,
+    NotADirectory,
+    NotEmpty,
     NotFound,
     ProtocolError,
     TooLarge,
@@ -32,8 +36,12 @@ __all__ = [
     "BlockingClient",
     "Client",
     "Conflict",
+    "DirEntry",
+    "Exists",
     "FscacheError",
     "IsADirectory",
+    "NotADirectory",
+    "NotEmpty",
     "NotFound",
     "ProtocolError",
     "StatResult",

@@ -29,6 +29,20 @@ stored; one used since the hand last passed it gets a second chance (moved to
 the newest end), any other is evicted. Evicted paths are returned so the caller
 can relinquish their leases (in batches).
 
+Files larger than one chunk (and ranges of any file) are cached chunk by chunk:
+each chunk is an entry of its own under the key ``path NUL index`` (no path holds a
+NUL), so chunks count against the byte bound and are evicted like any entry, and a
+:class:`Chunks` record per file holds what they share: one version, the file's
+size and the lease's expiry. A chunk of another version never joins a record: an
+older one is refused, a newer one replaces the record. Dropping a file (approval
+request, relinquish) drops its whole entry, its record and every chunk; a file is
+reported evicted when its last entry goes. Only the owner touches chunks.
+
+A directory's listing is cached under the directory's key (its path and ``/``,
+as :mod:`fscache.names` spells it) with the same expiry rule, and is dropped by
+the same :meth:`LeaseCache.drop` of that key. Listings are small and not counted
+against the byte bound.
+
 No I/O and no clock here: ``now`` is always an argument.
 """
 
@@ -38,6 +52,11 @@ import dataclasses
 from collections import OrderedDict
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+_CHUNK_MARK = "\0"  # between a path and a chunk index in a chunk's key
+
+
+def _chunk_key(path: str, index: int) -> str:
+    return f"{path}{_CHUNK_MARK}{index}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,6 +64,34 @@ class Entry:
     data: bytes
     version: int
     expiry: float  # local monotonic time until which the lease is trusted
+
+
+@dataclasses.dataclass(slots=True)
+class Chunks:
+    """What the cached chunks of one file share (changed by the owner only)."""
+
+    version: int
+    size: int  # the whole file's size at this version
+    expiry: float
+    indices: set[int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DirEntry:
+    """One name in a directory listing: the size and version of a file (a
+    directory's own version for a directory) as of the listing's version."""
+
+    name: str
+    is_dir: bool
+    size: int
+    version: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Listing:
+    entries: tuple[DirEntry, ...]
+    version: int
+    expiry: float
 
 
 class LeaseCache:
@@ -55,14 +102,16 @@ class LeaseCache:
         self.max_bytes = max_bytes
         self.entries: OrderedDict[str, Entry] = OrderedDict()  # oldest stored first
         self._used: set[str] = set()  # looked up since the eviction hand passed them
+        self.files: dict[str, Chunks] = {}  # files cached by chunks
+        self.listings: dict[str, Listing] = {}  # by directory key
         self.nbytes = 0
         self.evictions = 0
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.entries) + len(self.listings)
 
     def __contains__(self, path: object) -> bool:
-        return path in self.entries
+        return path in self.entries or path in self.files or path in self.listings
 
     def lookup(self, path: str, now: float) -> Entry | None:
         """The entry of ``path`` if a trusted lease covers ``now``, else None: a hit.
@@ -84,6 +133,10 @@ class LeaseCache:
         old = self.entries.get(path)
         if old is not None and old.version > version:
             return []  # a newer version is cached already: never go back
+        if path in self.files:
+            if self.files[path].version > version:
+                return []
+            self._drop_chunks(path)
         expiry = self._expiry(term, sent_at)
         if expiry <= sent_at or len(data) > self.max_bytes:
             self.drop(path)  # term too short to trust (or data too big): do not cache
@@ -94,7 +147,20 @@ class LeaseCache:
         return self._evict(keep=path) if self.nbytes > self.max_bytes else []
 
     def extend(self, path: str, version: int, term: float, sent_at: float) -> bool:
-        """A not-modified or extension reply for ``version``: push the expiry on."""
+        """A not-modified or extension reply for ``version``: push the expiry on (of
+        a whole entry, a file's chunks or a listing, whichever ``path`` keys)."""
+        chunks = self.files.get(path)
+        if chunks is not None and path not in self.entries:
+            return self._extend_chunks(path, chunks, version, term, sent_at)
+        listing = self.listings.get(path)
+        if listing is not None:
+            expiry = self._expiry(term, sent_at)
+            if listing.version != version or expiry <= sent_at:
+                self.drop(path)
+                return False
+            if expiry > listing.expiry:
+                self.listings[path] = dataclasses.replace(listing, expiry=expiry)
+            return True
         entry = self.entries.get(path)
         if entry is None or entry.version != version:
             return False
@@ -107,19 +173,140 @@ class LeaseCache:
         return True
 
     def drop(self, path: str) -> bool:
-        """Forget ``path`` (approval request, relinquish, stale). True if it was cached."""
+        """Forget ``path`` (approval request, relinquish, stale): a file's whole entry
+        and chunks, or a directory key's listing. True if it was cached."""
         entry = self.entries.pop(path, None)
-        if entry is None:
-            return False
-        self._used.discard(path)
-        self.nbytes -= len(entry.data)
-        return True
+        dropped = entry is not None
+        if entry is not None:
+            self._used.discard(path)
+            self.nbytes -= len(entry.data)
+        if self.files and path in self.files:
+            self._drop_chunks(path)
+            dropped = True
+        if self.listings and self.listings.pop(path, None) is not None:
+            dropped = True
+        return dropped
+
+    def drop_beneath(self, prefix: str) -> list[str]:
+        """Drop every file and listing whose key starts with ``prefix`` (a directory
+        key: everything below a renamed directory). Returns what was cached."""
+        names = {key.partition(_CHUNK_MARK)[0] for key in self.entries if key.startswith(prefix)}
+        names.update(key for key in self.listings if key.startswith(prefix))
+        for name in names:
+            self.drop(name)
+        return sorted(names)
 
     def clear(self) -> list[str]:
-        paths = list(self.entries)
+        paths = list(dict.fromkeys([*self.entries, *self.files, *self.listings]))
+        paths = [path for path in paths if _CHUNK_MARK not in path]
         for path in paths:
             self.drop(path)
         return paths
+
+    # ------------------------------------------------------------ chunks
+    def chunks(self, path: str) -> Chunks | None:
+        """The chunk record of ``path``, trusted or not (its version revalidates)."""
+        return self.files.get(path)
+
+    def lookup_chunk(self, path: str, index: int, now: float) -> Entry | None:
+        """Chunk ``index`` of ``path`` if a trusted lease covers ``now``, else None."""
+        chunks = self.files.get(path)
+        if chunks is None or now >= chunks.expiry or index not in chunks.indices:
+            return None
+        key = _chunk_key(path, index)
+        self._used.add(key)
+        return self.entries[key]
+
+    def chunk(self, path: str, index: int) -> Entry | None:
+        """Chunk ``index`` of ``path``, trusted or not."""
+        chunks = self.files.get(path)
+        if chunks is None or index not in chunks.indices:
+            return None
+        return self.entries[_chunk_key(path, index)]
+
+    def store_chunk(
+        self,
+        path: str,
+        index: int,
+        data: bytes,
+        *,
+        version: int,
+        size: int,
+        term: float,
+        sent_at: float,
+    ) -> list[str]:
+        """Cache chunk ``index`` of ``path`` (``size`` bytes at ``version``) under a
+        lease of ``term`` granted to a request sent at ``sent_at``. Returns the paths
+        evicted to make room (relinquish them)."""
+        whole = self.entries.get(path)
+        chunks = self.files.get(path)
+        if (whole is not None and whole.version > version) or (
+            chunks is not None and chunks.version > version
+        ):
+            return []  # a newer version is cached already: never go back
+        expiry = self._expiry(term, sent_at)
+        if expiry <= sent_at or len(data) > self.max_bytes:
+            return [path] if self.drop(path) else []
+        if whole is not None:
+            self.drop(path)
+            chunks = None
+        if chunks is not None and chunks.version != version:
+            self._drop_chunks(path)
+            chunks = None
+        if chunks is None:
+            chunks = self.files[path] = Chunks(version, size, expiry, set())
+        else:
+            chunks.expiry = max(chunks.expiry, expiry)
+        key = _chunk_key(path, index)
+        old = self.entries.get(key)
+        self.entries[key] = Entry(data, version, expiry)
+        self.entries.move_to_end(key)
+        chunks.indices.add(index)
+        self.nbytes += len(data) - (len(old.data) if old is not None else 0)
+        return self._evict(keep=key) if self.nbytes > self.max_bytes else []
+
+    def _extend_chunks(
+        self, path: str, chunks: Chunks, version: int, term: float, sent_at: float
+    ) -> bool:
+        expiry = self._expiry(term, sent_at)
+        if chunks.version != version or expiry <= sent_at:
+            self.drop(path)
+            return False
+        chunks.expiry = max(chunks.expiry, expiry)
+        return True
+
+    def _drop_chunks(self, path: str) -> None:
+        chunks = self.files.pop(path)
+        for index in chunks.indices:
+            key = _chunk_key(path, index)
+            entry = self.entries.pop(key)
+            self._used.discard(key)
+            self.nbytes -= len(entry.data)
+
+    # ------------------------------------------------------------ listings
+    def lookup_listing(self, key: str, now: float) -> Listing | None:
+        """The listing cached under directory ``key`` if a trusted lease covers ``now``."""
+        listing = self.listings.get(key)
+        if listing is not None and now < listing.expiry:
+            return listing
+        return None
+
+    def get_listing(self, key: str) -> Listing | None:
+        """The listing, trusted or not (its version serves a revalidation)."""
+        return self.listings.get(key)
+
+    def store_listing(
+        self, key: str, entries: tuple[DirEntry, ...], version: int, term: float, sent_at: float
+    ) -> None:
+        """Cache the listing of directory ``key`` under a lease of ``term``."""
+        old = self.listings.get(key)
+        if old is not None and old.version > version:
+            return
+        expiry = self._expiry(term, sent_at)
+        if expiry <= sent_at:
+            self.listings.pop(key, None)
+            return
+        self.listings[key] = Listing(entries, version, expiry)
 
     def _expiry(self, term: float, sent_at: float) -> float:
         return sent_at + term - self.skew
@@ -135,7 +322,19 @@ class LeaseCache:
                 used.discard(path)
                 entries.move_to_end(path)  # a second chance (the new entry: always)
                 continue
-            self.drop(path)
             self.evictions += 1
-            evicted.append(path)
+            name, mark, index = path.partition(_CHUNK_MARK)
+            if not mark:
+                self.drop(path)
+                evicted.append(path)
+                continue
+            entry = entries.pop(path)  # one chunk: its file goes when its last chunk does
+            used.discard(path)
+            self.nbytes -= len(entry.data)
+            chunks = self.files[name]
+            chunks.indices.discard(int(index))
+            if not chunks.indices:
+                del self.files[name]
+                if name not in entries:
+                    evicted.append(name)
         return evicted

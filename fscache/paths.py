@@ -5,7 +5,8 @@ separator, and after normalisation has no empty, ``.`` or ``..`` segment, no NUL
 no backslash and no control character. The normal form is what the lease table,
 the cache and the store key on, so ``a//b``, ``./a/b`` and ``a/b/`` are one file.
 The empty path (or ``.``) names the root itself and is allowed only where a
-directory is meant (``allow_root=True``).
+directory is meant (``allow_root=True``). A lease key is a path, or a directory's
+path and a ``/`` for its listing (:func:`normalize_key`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ def normalize(path: object, *, allow_root: bool = False) -> str:
 
 
 _already_normal = _ALREADY_NORMAL.fullmatch
+
+
+def normalize_key(key: object) -> str:
+    """The normal form of a lease key: a file's path, or a directory's path and a ``/``
+    (``docs/``; the root's is ``/``), which stands for the directory's listing."""
+    if type(key) is str and key.endswith("/"):
+        return normalize(key[:-1], allow_root=True) + "/"
+    return normalize(key)
 
 
 def _normalize_by_rules(path: str, allow_root: bool) -> str:

@@ -47,6 +47,7 @@ import secrets
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from typing import Any, ClassVar
 
 import trio
@@ -67,10 +68,20 @@ from fscache.leases import (
     TermPolicy,
     WriteCommitted,
 )
+from fscache.names import (
+    dir_key,
+    keys_for_delete,
+    keys_for_mkdir,
+    keys_for_rename,
+    keys_for_rmdir,
+    keys_for_write,
+    parent,
+)
 from fscache.net import SocketWire, Wire, wire_for
-from fscache.paths import normalize
-from fscache.server.store import Store
+from fscache.paths import normalize, normalize_key
+from fscache.server.store import Facts, Store, Upload
 from fscache.settings import (
+    CHUNK_SIZE,
     DEFAULT_HOST,
     DEFAULT_HOT_WRITES,
     DEFAULT_MAX_FRAME,
@@ -89,6 +100,7 @@ HANDSHAKE_TIMEOUT = 10.0  # a peer that connects and says nothing is dropped aft
 DEFAULT_MAX_OUTBOX = 32 * 1024 * 1024  # unsent bytes per connection before it is dropped
 DEFAULT_SEND_TIMEOUT = 30.0  # a send not done by then: the peer stopped reading; drop it
 INCARNATION_FILE = "incarnation.json"  # in the store's state directory
+MAX_UPLOADS = 16  # open uploads per connection: each holds a temp file and two descriptors
 
 
 @dataclasses.dataclass
@@ -288,6 +300,14 @@ class Counters:
     connections_total: int = 0
     connections_dropped: int = 0
     protocol_errors: int = 0
+    range_reads: int = 0
+    listings: int = 0
+    uploads: int = 0
+    range_writes: int = 0
+    truncates: int = 0
+    renames: int = 0
+    mkdirs: int = 0
+    rmdirs: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -299,6 +319,8 @@ class Connection:
     counters: Counters
     goodbye: bool = False
     alive: bool = True
+    uploads: dict[int, Upload] = dataclasses.field(default_factory=dict)  # by upload id
+    part: p.UploadPart | None = None  # for the receive loop to write before it reads on
 
     def send(self, message: p.Message) -> None:
         self.send_frame(p.encode(message))
@@ -313,13 +335,30 @@ class Connection:
             self.cancel.cancel()
 
 
+_LeasedRead = p.Read | p.ReadRange | p.ScanDir
+_WriteRequest = (
+    p.Write | p.Delete | p.WriteRange | p.Truncate | p.UploadCommit | p.Rename | p.MkDir | p.RmDir
+)
+
+
 @dataclasses.dataclass(eq=False)
 class _Pending:
-    """A request the lease table is holding (queued read, waiting or applying write)."""
+    """A request the lease table is holding (queued read, waiting or applying write).
+    A write carries its store call, run in a worker thread once the table applies it."""
 
     connection: Connection
-    request: p.Read | p.Write | p.Delete
+    request: _LeasedRead | _WriteRequest
+    apply: Callable[[], int | None] | None = None
     version: int = 0
+
+
+_NOTHING_TO_CACHE = (p.Delete, p.MkDir, p.RmDir)  # answered Done; the writer's lease goes
+
+
+def _directory(key: str) -> str:
+    """The directory whose name set the directory key ``key`` stands for (``docs/``:
+    ``docs``; ``/``: the root, ``""``)."""
+    return key[:-1]
 
 
 # ---------------------------------------------------------------- the service
@@ -488,6 +527,9 @@ class FileService:
             finally:
                 connection.alive = False
                 outbox.close()
+                for upload in connection.uploads.values():  # never committed: removed
+                    self.store.upload_abort(upload)
+                connection.uploads.clear()
                 if self.connections.get(holder) is connection:
                     del self.connections[holder]
                     self._execute(
@@ -545,6 +587,8 @@ class FileService:
             try:
                 while (message := decoder.next_message()) is not None:
                     self._dispatch(connection, message)
+                    if connection.part is not None:
+                        await self._write_part(connection)
                     if connection.goodbye:
                         return
             except (ProtocolError, TooLarge) as exc:
@@ -591,21 +635,194 @@ class FileService:
         # The lease may sweep earlier than the timer is set for: the receive loop
         # checks once per batch (_deadline_may_have_moved), before any await.
 
-    def _on_write(self, connection: Connection, message: p.Write | p.Delete) -> None:
-        if isinstance(message, p.Write):
-            self.counters.writes += 1
+    def _on_read_range(self, connection: Connection, message: p.ReadRange) -> None:
+        self.counters.range_reads += 1
+        if message.length > self.settings.max_file_size:
+            raise TooLarge(
+                f"a range of {message.length} bytes is over the limit of "
+                f"{self.settings.max_file_size} (one frame)"
+            )
+        self._read_lease(connection, message, normalize(message.path))
+
+    def _on_scandir(self, connection: Connection, message: p.ScanDir) -> None:
+        self.counters.listings += 1
+        self._read_lease(connection, message, dir_key(normalize(message.path, allow_root=True)))
+
+    def _read_lease(self, connection: Connection, message: _LeasedRead, key: str) -> None:
+        """Take a read lease on ``key`` for ``message`` and answer it when granted."""
+        op = self._new_op()
+        term = self.table.read(op, connection.holder, key, trio.current_time())
+        if term is not None:
+            self._serve_granted(connection, message, key, term)
         else:
-            self.counters.deletes += 1
+            self._pending[op] = _Pending(connection, message)
+
+    def _on_write(self, connection: Connection, message: p.Write) -> None:
+        self.counters.writes += 1
         path = normalize(message.path)
-        if isinstance(message, p.Write) and len(message.data) > self.settings.max_file_size:
+        if len(message.data) > self.settings.max_file_size:
             raise TooLarge(
                 f"{len(message.data)} bytes is over the limit of {self.settings.max_file_size}"
             )
+        footprint = keys_for_write(path, creates=self._creates(path))
+        if footprint.keys[1:] and not self._is_directory(parent(path)):
+            # The store makes missing directories: any ancestor's name set may change.
+            ancestors = [dir_key(path[:i]) for i, c in enumerate(path) if c == "/"]
+            footprint = Footprint((*footprint.keys, *ancestors, dir_key("")))
+        self._begin_write(
+            connection, message, footprint,
+            partial(self.store.write, path, message.data, message.if_version),
+        )  # fmt: skip
+
+    def _on_delete(self, connection: Connection, message: p.Delete) -> None:
+        self.counters.deletes += 1
+        path = normalize(message.path)
+        self._begin_write(
+            connection, message, keys_for_delete(path),
+            partial(self.store.delete, path, message.if_version),
+        )  # fmt: skip
+
+    def _on_write_range(self, connection: Connection, message: p.WriteRange) -> None:
+        self.counters.range_writes += 1
+        path = normalize(message.path)
+        self._begin_write(
+            connection, message, keys_for_write(path, creates=self._creates(path)),
+            partial(self.store.write_range, path, message.offset, message.data, message.if_version),
+        )  # fmt: skip
+
+    def _on_truncate(self, connection: Connection, message: p.Truncate) -> None:
+        self.counters.truncates += 1
+        path = normalize(message.path)
+        self._begin_write(
+            connection, message, keys_for_write(path, creates=self._creates(path)),
+            partial(self.store.truncate, path, message.size, message.if_version),
+        )  # fmt: skip
+
+    def _on_rename(self, connection: Connection, message: p.Rename) -> None:
+        self.counters.renames += 1
+        src, dst = normalize(message.src), normalize(message.dst)
+        src_facts = self._facts(src)
+        dst_facts = self._facts(dst)
+        footprint = keys_for_rename(
+            src, dst,
+            src_is_dir=src_facts is None or src_facts.is_dir,
+            dst_exists=dst_facts is not None and dst_facts.exists,
+        )  # fmt: skip
+        self._begin_write(connection, message, footprint, partial(self.store.rename, src, dst))
+
+    def _on_mkdir(self, connection: Connection, message: p.MkDir) -> None:
+        self.counters.mkdirs += 1
+        path = normalize(message.path)
+        footprint = keys_for_mkdir(path)
+        self._begin_write(connection, message, footprint, partial(self.store.mkdir, path))
+
+    def _on_rmdir(self, connection: Connection, message: p.RmDir) -> None:
+        self.counters.rmdirs += 1
+        path = normalize(message.path)
+        footprint = keys_for_rmdir(path)
+        self._begin_write(connection, message, footprint, partial(self.store.rmdir, path))
+
+    def _begin_write(
+        self,
+        connection: Connection,
+        message: _WriteRequest,
+        footprint: Footprint,
+        apply: Callable[[], int | None],
+    ) -> None:
+        """Queue ``message`` in the lease table; ``apply`` runs once the table allows it."""
         op = self._new_op()
-        self._pending[op] = _Pending(connection, message)
-        footprint = Footprint((path,))
+        self._pending[op] = _Pending(connection, message, apply)
         self._execute(self.table.write(op, connection.holder, footprint, trio.current_time()))
 
+    def _facts(self, path: str) -> Facts | None:
+        """What is at ``path``, if that stays true until a write arriving now is applied
+        (no write is queued on either of its keys; see the lease table's note on facts);
+        None when it may change first or cannot be read: the caller assumes the worst."""
+        if self.table.is_blocked(path) or self.table.is_blocked(dir_key(path)):
+            return None
+        try:
+            return self.store.facts(path)
+        except FscacheError:
+            return None
+
+    def _creates(self, path: str) -> bool:
+        """Whether writing the file ``path`` may add its name to its directory."""
+        facts = self._facts(path)
+        return facts is None or not facts.exists
+
+    def _is_directory(self, path: str) -> bool:
+        """``path`` is a directory, and stays one until a write arriving now is applied."""
+        facts = self._facts(path) if path else Facts(exists=True, is_dir=True)
+        return facts is not None and facts.is_dir
+
+    # ------------------------------------------------------------ uploads
+    def _on_upload_begin(self, connection: Connection, message: p.UploadBegin) -> None:
+        self.counters.uploads += 1
+        if message.id in connection.uploads:
+            raise ProtocolError(f"upload {message.id} is already open")
+        if len(connection.uploads) >= MAX_UPLOADS:
+            raise TooLarge(f"{MAX_UPLOADS} uploads are open on this connection, the most allowed")
+        upload = self.store.upload_begin(normalize(message.path))
+        connection.uploads[message.id] = upload
+        connection.send(p.Done(id=message.id))
+
+    def _on_upload_part(self, connection: Connection, message: p.UploadPart) -> None:
+        self._upload(connection, message.upload)
+        connection.part = message  # written by the receive loop before it reads on
+
+    async def _write_part(self, connection: Connection) -> None:
+        """Write the part the receive loop just read, in a worker thread; the connection
+        reads nothing more meanwhile, so a part at a time is in memory and parts land
+        in order."""
+        part, connection.part = connection.part, None
+        assert part is not None
+        upload = connection.uploads[part.upload]
+        await connection.outbox.flush()  # earlier replies need not wait for the disk
+        try:
+            await self._blocking_io(self.store.upload_part, upload, part.offset, part.data)
+        except FscacheError as exc:
+            self.counters.errors += 1
+            if upload.closed:  # a failed write ends the upload
+                connection.uploads.pop(part.upload, None)
+            connection.send(p.Error(id=part.id, code=exc.code, message=str(exc)))
+        else:
+            connection.send(p.Done(id=part.id))
+        connection.outbox.batching = True
+
+    def _on_upload_commit(self, connection: Connection, message: p.UploadCommit) -> None:
+        upload = connection.uploads.pop(self._upload(connection, message.upload))
+        assert self._nursery is not None
+        self._nursery.start_soon(self._commit_upload, connection, message, upload)
+
+    async def _commit_upload(
+        self, connection: Connection, message: p.UploadCommit, upload: Upload
+    ) -> None:
+        """fsync the upload's data (the slow part, before any reader has to wait), then
+        write it under the lease rules like a whole-file ``write``."""
+        try:
+            await self._blocking_io(self.store.upload_sync, upload)
+        except FscacheError as exc:
+            self.counters.errors += 1
+            connection.send(p.Error(id=message.id, code=exc.code, message=str(exc)))
+            return
+        path = upload.path
+        self._begin_write(
+            connection, message, keys_for_write(path, creates=self._creates(path)),
+            partial(self.store.upload_commit, upload, message.if_version),
+        )  # fmt: skip
+
+    def _on_upload_abort(self, connection: Connection, message: p.UploadAbort) -> None:
+        upload = connection.uploads.pop(self._upload(connection, message.upload))
+        self.store.upload_abort(upload)
+        connection.send(p.Done(id=message.id))
+
+    @staticmethod
+    def _upload(connection: Connection, upload_id: int) -> int:
+        if upload_id not in connection.uploads:
+            raise ProtocolError(f"no upload {upload_id} is open on this connection")
+        return upload_id
+
+    # ------------------------------------------------------------ names and leases
     def _on_stat(self, connection: Connection, message: p.Stat) -> None:
         version, size, is_dir = self.store.stat(normalize(message.path, allow_root=True))
         connection.send(p.StatResult(id=message.id, version=version, size=size, is_dir=is_dir))
@@ -616,8 +833,8 @@ class FileService:
 
     def _on_relinquish(self, connection: Connection, message: p.Relinquish) -> None:
         self.counters.relinquish_requests += 1
-        paths = [normalize(path) for path in message.paths]
-        self._execute(self.table.relinquish(connection.holder, paths, trio.current_time()))
+        keys = [normalize_key(key) for key in message.paths]
+        self._execute(self.table.relinquish(connection.holder, keys, trio.current_time()))
         connection.send(p.Done(id=message.id))
 
     def _on_extend(self, connection: Connection, message: p.Extend) -> None:
@@ -626,22 +843,26 @@ class FileService:
         self.counters.extend_requests += 1
         self.counters.extend_paths += len(message.paths)
         items = []
-        for path, version in zip(message.paths, message.versions, strict=True):
-            path = normalize(path)
+        for key, version in zip(message.paths, message.versions, strict=True):
+            key = normalize_key(key)
             try:
-                current = self.store.stat(path)[0] == version
+                if key.endswith("/"):  # a listing: current if the directory's version is
+                    current_version, _, is_dir = self.store.stat(_directory(key))
+                    current = is_dir and current_version == version
+                else:
+                    current = self.store.stat(key)[0] == version
             except FscacheError:
                 current = False
-            items.append((path, current))
+            items.append((key, current))
         terms = self.table.extend(connection.holder, items, trio.current_time())
         self._deadline_may_have_moved()
         connection.send(p.Extended(id=message.id, terms=terms))
 
     def _on_approve(self, connection: Connection, message: p.Approve) -> None:
         self.counters.approvals_received += 1
-        path = normalize(message.path)
+        key = normalize_key(message.path)
         effects = self.table.approve(
-            connection.holder, path, OpId(message.write), trio.current_time()
+            connection.holder, key, OpId(message.write), trio.current_time()
         )
         self._execute(effects)
 
@@ -659,7 +880,7 @@ class FileService:
     _handlers: ClassVar[dict[type[p.Message], Callable[[Any, Connection, Any], None]]] = {
         p.Read: _on_read,
         p.Write: _on_write,
-        p.Delete: _on_write,
+        p.Delete: _on_delete,
         p.Stat: _on_stat,
         p.ListDir: _on_listdir,
         p.Relinquish: _on_relinquish,
@@ -668,6 +889,17 @@ class FileService:
         p.GetStats: _on_stats,
         p.Ping: _on_ping,
         p.Goodbye: _on_goodbye,
+        p.ReadRange: _on_read_range,
+        p.ScanDir: _on_scandir,
+        p.WriteRange: _on_write_range,
+        p.Truncate: _on_truncate,
+        p.Rename: _on_rename,
+        p.MkDir: _on_mkdir,
+        p.RmDir: _on_rmdir,
+        p.UploadBegin: _on_upload_begin,
+        p.UploadPart: _on_upload_part,
+        p.UploadCommit: _on_upload_commit,
+        p.UploadAbort: _on_upload_abort,
     }
 
     # ------------------------------------------------------------ effects
@@ -675,8 +907,9 @@ class FileService:
         for effect in effects:
             if isinstance(effect, Grant):
                 pending = self._pending.pop(effect.op)
-                assert isinstance(pending.request, p.Read)
-                self._serve_read(pending.connection, pending.request, effect.path, effect.term)
+                request = pending.request
+                assert isinstance(request, _LeasedRead)
+                self._serve_granted(pending.connection, request, effect.path, effect.term)
             elif isinstance(effect, SendApprovalRequest):
                 connection = self.connections.get(effect.holder)
                 if connection is not None:
@@ -685,49 +918,108 @@ class FileService:
                 assert self._nursery is not None
                 self._nursery.start_soon(self._apply_write, effect)
             elif isinstance(effect, WriteCommitted):
-                pending = self._pending.pop(effect.op)
-                request = pending.request
-                if isinstance(request, p.Delete):  # nothing to cache: no lease either
-                    pending.connection.send(p.Done(id=request.id))
-                    self._execute(
-                        self.table.relinquish(effect.holder, [effect.path], trio.current_time())
-                    )
-                else:
-                    pending.connection.send(
-                        p.Written(id=request.id, version=pending.version, term=effect.term)
-                    )
+                self._write_committed(effect)
             elif isinstance(effect, Discarded):
                 self._pending.pop(effect.op, None)
         self._deadline_may_have_moved()  # even with no effects: a write may now wait
 
+    def _write_committed(self, effect: WriteCommitted) -> None:
+        """Answer an applied write. The writer keeps its lease on the name it wrote only
+        when it has a file's contents to cache."""
+        pending = self._pending.pop(effect.op)
+        request = pending.request
+        term = effect.term
+        if isinstance(request, _NOTHING_TO_CACHE):
+            pending.connection.send(p.Done(id=request.id))
+        else:
+            if effect.path.endswith("/"):  # a directory renamed: its listing is not sent
+                term = 0.0
+            pending.connection.send(p.Written(id=request.id, version=pending.version, term=term))
+        if term != effect.term or isinstance(request, _NOTHING_TO_CACHE):
+            self._execute(self.table.relinquish(effect.holder, [effect.path], trio.current_time()))
+
+    def _serve_granted(
+        self, connection: Connection, request: _LeasedRead, key: str, term: float
+    ) -> None:
+        if isinstance(request, p.Read):
+            self._serve_read(connection, request, key, term)
+        elif isinstance(request, p.ReadRange):
+            self._serve_range(connection, request, key, term)
+        else:
+            self._serve_listing(connection, request, key, term)
+
     def _serve_read(self, connection: Connection, request: p.Read, path: str, term: float) -> None:
-        """Answer a granted read of ``path`` (its lease: ``term``)."""
+        """Answer a granted read of ``path`` (its lease: ``term``); a file larger than one
+        chunk is answered with its first chunk and its size."""
         try:
             version, data = self.store.read(path)
+        except TooLarge:  # larger than a frame: read only the first chunk
+            first = p.ReadRange(request.id, path, offset=0, length=CHUNK_SIZE, have=request.have)
+            self._serve_range(connection, first, path, term)
+            return
         except FscacheError as exc:
-            self.counters.errors += 1
-            connection.send(p.Error(id=request.id, code=exc.code, message=str(exc)))
-            if term > 0:  # no file, no lease
-                self._execute(self.table.relinquish(connection.holder, [path], trio.current_time()))
+            self._refuse(connection, request.id, exc, path, term)
+            return
+        if request.have == version:
+            self.counters.reads_not_modified += 1
+            connection.send(p.NotModified(id=request.id, version=version, term=term))
+        elif len(data) > CHUNK_SIZE:
+            chunk = data[:CHUNK_SIZE]
+            connection.send(p.Chunk(request.id, version, term, len(data), chunk))
+        else:
+            connection.send_frame(p.data_frame(request.id, version, term, data))
+
+    def _serve_range(
+        self, connection: Connection, request: p.ReadRange, path: str, term: float
+    ) -> None:
+        try:
+            version, size, data = self.store.read_range(path, request.offset, request.length)
+        except FscacheError as exc:
+            self._refuse(connection, request.id, exc, path, term)
             return
         if request.have == version:
             self.counters.reads_not_modified += 1
             connection.send(p.NotModified(id=request.id, version=version, term=term))
         else:
-            connection.send_frame(p.data_frame(request.id, version, term, data))
+            connection.send(p.Chunk(request.id, version, term, size, data))
+
+    def _serve_listing(
+        self, connection: Connection, request: p.ScanDir, key: str, term: float
+    ) -> None:
+        try:
+            version, entries = self.store.scandir(_directory(key))
+        except FscacheError as exc:
+            self._refuse(connection, request.id, exc, key, term)
+            return
+        if request.have == version:
+            connection.send(p.NotModified(id=request.id, version=version, term=term))
+            return
+        connection.send(
+            p.Entries(
+                request.id, version, term,
+                names=[name for name, _, _, _ in entries],
+                dirs=[is_dir for _, is_dir, _, _ in entries],
+                sizes=[size for _, _, size, _ in entries],
+                versions=[entry_version for _, _, _, entry_version in entries],
+            )
+        )  # fmt: skip
+
+    def _refuse(
+        self, connection: Connection, request_id: int, exc: FscacheError, key: str, term: float
+    ) -> None:
+        """A granted read failed (no such file, ...): the error, and no lease."""
+        self.counters.errors += 1
+        connection.send(p.Error(id=request_id, code=exc.code, message=str(exc)))
+        if term > 0:
+            self._execute(self.table.relinquish(connection.holder, [key], trio.current_time()))
 
     async def _apply_write(self, effect: ApplyWrite) -> None:
         pending = self._pending[effect.op]
         request = pending.request
+        assert pending.apply is not None
         ok = False
         try:
-            if isinstance(request, p.Write):
-                pending.version = await self._blocking_io(
-                    self.store.write, effect.path, request.data, request.if_version
-                )
-            else:
-                assert isinstance(request, p.Delete)
-                await self._blocking_io(self.store.delete, effect.path, request.if_version)
+            pending.version = await self._blocking_io(pending.apply) or 0
             ok = True
         except FscacheError as exc:
             self.counters.errors += 1
