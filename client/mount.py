@@ -74,8 +74,8 @@ the file's lease, never the whole file. Writes take one of two paths:
 - *In place* (an existing file opened without ``O_TRUNC``, e.g. sqlite's pages):
   the written ranges are kept in memory and sent as ranged writes
   (``write(path, data, offset=N)``) on ``close``, ``fsync`` or when they pass
-  ``DIRTY_BOUND``. Each ranged write is atomic and durable when its reply comes
-  (one piece of at most ``WRITE_PIECE`` bytes); the file as a whole is not
+  ``DIRTY_BOUND``. Each ranged write (one chunk of a range) is atomic and durable
+  when its reply comes; the file as a whole is not
   updated atomically, just as with a local file system, so a program that needs
   a consistent file syncs it (sqlite does, with its journal).
 
@@ -179,7 +179,6 @@ _ERRNO: tuple[tuple[type[FscacheError], int], ...] = (
 MIXED = -1  # in ``_paged``: the kernel may hold pages of more than one version
 BLOCK_SIZE = 4096
 DIRTY_BOUND = 8 << 20  # bytes written in place that are sent before the close
-WRITE_PIECE = 256 << 10  # bytes in one ranged write (each is atomic on its own)
 _mounted = False  # pyfuse3 holds one session per process
 
 
@@ -756,9 +755,7 @@ class FscacheOperations(Operations):
                     open_file.drop_spool()  # reads go back to the client (and its leases)
             else:
                 for start, data in open_file.ranges.items():
-                    for at in range(0, len(data), WRITE_PIECE):
-                        piece = data[at : at + WRITE_PIECE]
-                        await self._client.write(open_file.path, piece, offset=start + at)
+                    await self._client.write(open_file.path, data, offset=start)
                 if open_file.changes == changes:
                     open_file.ranges.clear()
             inode = self._inode_of.get(open_file.path)
