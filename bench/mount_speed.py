@@ -36,7 +36,7 @@ TARGET = 20.0  # at most this many tmpfs reads
 
 
 @contextlib.contextmanager
-def mounted(address: str, mountpoint: str) -> Iterator[None]:
+def mounted(address: str, mountpoint: str) -> Iterator[subprocess.Popen[str]]:
     """``fscache mount address mountpoint`` in a child process, until the block ends."""
     argv = [sys.executable, "-m", "fscache", "mount", address, mountpoint]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -47,7 +47,7 @@ def mounted(address: str, mountpoint: str) -> Iterator[None]:
             process.kill()
             _, err = process.communicate(timeout=MOUNT_WAIT)
             raise SystemExit(f"fscache mount failed: {line}{err}")
-        yield
+        yield process
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)  # it unmounts on the way out
