@@ -52,6 +52,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from fscache import names
 from fscache import protocol as p
 from fscache.errors import FscacheError, ProtocolError, TooLarge, Unavailable
 from fscache.leases import (
@@ -67,15 +68,6 @@ from fscache.leases import (
     SendApprovalRequest,
     TermPolicy,
     WriteCommitted,
-)
-from fscache.names import (
-    dir_key,
-    keys_for_delete,
-    keys_for_mkdir,
-    keys_for_rename,
-    keys_for_rmdir,
-    keys_for_write,
-    parent,
 )
 from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize, normalize_key
@@ -646,7 +638,8 @@ class FileService:
 
     def _on_scandir(self, connection: Connection, message: p.ScanDir) -> None:
         self.counters.listings += 1
-        self._read_lease(connection, message, dir_key(normalize(message.path, allow_root=True)))
+        key = names.dir_key(normalize(message.path, allow_root=True))
+        self._read_lease(connection, message, key)
 
     def _read_lease(self, connection: Connection, message: _LeasedRead, key: str) -> None:
         """Take a read lease on ``key`` for ``message`` and answer it when granted."""
@@ -664,13 +657,8 @@ class FileService:
             raise TooLarge(
                 f"{len(message.data)} bytes is over the limit of {self.settings.max_file_size}"
             )
-        footprint = keys_for_write(path, creates=self._creates(path))
-        if footprint.keys[1:] and not self._is_directory(parent(path)):
-            # The store makes missing directories: any ancestor's name set may change.
-            ancestors = [dir_key(path[:i]) for i, c in enumerate(path) if c == "/"]
-            footprint = Footprint((*footprint.keys, *ancestors, dir_key("")))
         self._begin_write(
-            connection, message, footprint,
+            connection, message, self._file_write_keys(path, makes_parents=True),
             partial(self.store.write, path, message.data, message.if_version),
         )  # fmt: skip
 
@@ -678,32 +666,31 @@ class FileService:
         self.counters.deletes += 1
         path = normalize(message.path)
         self._begin_write(
-            connection, message, keys_for_delete(path),
+            connection, message, names.keys_for_delete(path),
             partial(self.store.delete, path, message.if_version),
         )  # fmt: skip
 
-    def _on_write_range(self, connection: Connection, message: p.WriteRange) -> None:
-        self.counters.range_writes += 1
+    def _on_change_in_place(
+        self, connection: Connection, message: p.WriteRange | p.Truncate
+    ) -> None:
         path = normalize(message.path)
-        self._begin_write(
-            connection, message, keys_for_write(path, creates=self._creates(path)),
-            partial(self.store.write_range, path, message.offset, message.data, message.if_version),
-        )  # fmt: skip
-
-    def _on_truncate(self, connection: Connection, message: p.Truncate) -> None:
-        self.counters.truncates += 1
-        path = normalize(message.path)
-        self._begin_write(
-            connection, message, keys_for_write(path, creates=self._creates(path)),
-            partial(self.store.truncate, path, message.size, message.if_version),
-        )  # fmt: skip
+        apply: Callable[[], int]
+        if isinstance(message, p.WriteRange):
+            self.counters.range_writes += 1
+            apply = partial(
+                self.store.write_range, path, message.offset, message.data, message.if_version
+            )
+        else:
+            self.counters.truncates += 1
+            apply = partial(self.store.truncate, path, message.size, message.if_version)
+        self._begin_write(connection, message, self._file_write_keys(path), apply)
 
     def _on_rename(self, connection: Connection, message: p.Rename) -> None:
         self.counters.renames += 1
         src, dst = normalize(message.src), normalize(message.dst)
         src_facts = self._facts(src)
         dst_facts = self._facts(dst)
-        footprint = keys_for_rename(
+        footprint = names.keys_for_rename(
             src, dst,
             src_is_dir=src_facts is None or src_facts.is_dir,
             dst_exists=dst_facts is not None and dst_facts.exists,
@@ -713,13 +700,13 @@ class FileService:
     def _on_mkdir(self, connection: Connection, message: p.MkDir) -> None:
         self.counters.mkdirs += 1
         path = normalize(message.path)
-        footprint = keys_for_mkdir(path)
+        footprint = names.keys_for_mkdir(path)
         self._begin_write(connection, message, footprint, partial(self.store.mkdir, path))
 
     def _on_rmdir(self, connection: Connection, message: p.RmDir) -> None:
         self.counters.rmdirs += 1
         path = normalize(message.path)
-        footprint = keys_for_rmdir(path)
+        footprint = names.keys_for_rmdir(path)
         self._begin_write(connection, message, footprint, partial(self.store.rmdir, path))
 
     def _begin_write(
@@ -734,11 +721,21 @@ class FileService:
         self._pending[op] = _Pending(connection, message, apply)
         self._execute(self.table.write(op, connection.holder, footprint, trio.current_time()))
 
+    def _file_write_keys(self, path: str, *, makes_parents: bool = False) -> Footprint:
+        """The footprint of a write of the whole or part of file ``path``; with
+        ``makes_parents`` (the store makes missing directories) every ancestor's name
+        set too when its directory is not known to exist."""
+        footprint = names.keys_for_write(path, creates=self._creates(path))
+        if makes_parents and footprint.keys[1:] and not self._is_directory(names.parent(path)):
+            ancestors = [names.dir_key(path[:i]) for i, c in enumerate(path) if c == "/"]
+            footprint = Footprint((*footprint.keys, *ancestors, names.dir_key("")))
+        return footprint
+
     def _facts(self, path: str) -> Facts | None:
         """What is at ``path``, if that stays true until a write arriving now is applied
         (no write is queued on either of its keys; see the lease table's note on facts);
         None when it may change first or cannot be read: the caller assumes the worst."""
-        if self.table.is_blocked(path) or self.table.is_blocked(dir_key(path)):
+        if self.table.is_blocked(path) or self.table.is_blocked(names.dir_key(path)):
             return None
         try:
             return self.store.facts(path)
@@ -805,11 +802,8 @@ class FileService:
             self.counters.errors += 1
             connection.send(p.Error(id=message.id, code=exc.code, message=str(exc)))
             return
-        path = upload.path
-        self._begin_write(
-            connection, message, keys_for_write(path, creates=self._creates(path)),
-            partial(self.store.upload_commit, upload, message.if_version),
-        )  # fmt: skip
+        apply = partial(self.store.upload_commit, upload, message.if_version)
+        self._begin_write(connection, message, self._file_write_keys(upload.path), apply)
 
     def _on_upload_abort(self, connection: Connection, message: p.UploadAbort) -> None:
         upload = connection.uploads.pop(self._upload(connection, message.upload))
@@ -891,8 +885,8 @@ class FileService:
         p.Goodbye: _on_goodbye,
         p.ReadRange: _on_read_range,
         p.ScanDir: _on_scandir,
-        p.WriteRange: _on_write_range,
-        p.Truncate: _on_truncate,
+        p.WriteRange: _on_change_in_place,
+        p.Truncate: _on_change_in_place,
         p.Rename: _on_rename,
         p.MkDir: _on_mkdir,
         p.RmDir: _on_rmdir,
@@ -977,10 +971,7 @@ class FileService:
         except FscacheError as exc:
             self._refuse(connection, request.id, exc, path, term)
             return
-        if request.have == version:
-            self.counters.reads_not_modified += 1
-            connection.send(p.NotModified(id=request.id, version=version, term=term))
-        else:
+        if not self._not_modified(connection, request, version, term):
             connection.send(p.Chunk(request.id, version, term, size, data))
 
     def _serve_listing(
@@ -991,8 +982,7 @@ class FileService:
         except FscacheError as exc:
             self._refuse(connection, request.id, exc, key, term)
             return
-        if request.have == version:
-            connection.send(p.NotModified(id=request.id, version=version, term=term))
+        if self._not_modified(connection, request, version, term):
             return
         connection.send(
             p.Entries(
@@ -1003,6 +993,17 @@ class FileService:
                 versions=[entry_version for _, _, _, entry_version in entries],
             )
         )  # fmt: skip
+
+    def _not_modified(
+        self, connection: Connection, request: p.ReadRange | p.ScanDir, version: int, term: float
+    ) -> bool:
+        """Answer ``not_modified`` if the reader has ``version`` already (a read's own
+        copy of this, on the hot path, is inline)."""
+        if request.have != version:
+            return False
+        self.counters.reads_not_modified += 1
+        connection.send(p.NotModified(id=request.id, version=version, term=term))
+        return True
 
     def _refuse(
         self, connection: Connection, request_id: int, exc: FscacheError, key: str, term: float
