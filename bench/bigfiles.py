@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import fscache
 from fscache.bench.harness import fscache_server
-from fscache.bench.mount_speed import mounted
+from fscache.bench.mount_speed import medians, mounted
 
 MIB = 1 << 20
 READ = 4096
@@ -97,28 +97,22 @@ def while_peak(pid: int, argv: Sequence[str]) -> tuple[float, float]:
 
 
 def ranged_against_miss(address: str, big_size: int, rounds: int) -> dict[str, float]:
-    ranged, small, ratios = [], [], []
+    times = []
     rng = random.Random(1)
     with fscache.connect(address) as client:
         for _ in range(rounds):
             offset = rng.randrange(0, big_size - READ) // READ * READ
             started = time.perf_counter()
             data = client.read("ranged.bin", offset=offset, length=READ)
-            ranged_time = time.perf_counter() - started
+            ranged = time.perf_counter() - started
             started = time.perf_counter()
             client.read("small.bin")
-            small_time = time.perf_counter() - started
+            times.append((ranged, time.perf_counter() - started))
             client.relinquish("ranged.bin", "small.bin")
             if len(data) != READ:
                 raise SystemExit(f"a ranged read returned {len(data)} bytes")
-            ranged.append(ranged_time)
-            small.append(small_time)
-            ratios.append(ranged_time / small_time)
-    return {
-        "ranged": statistics.median(ranged),
-        "small": statistics.median(small),
-        "ratio": statistics.median(ratios),
-    }
+    ranged_median, small_median, ratios = medians(times)
+    return {"ranged": ranged_median, "small": small_median, "ratio": statistics.median(ratios)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
