@@ -589,7 +589,7 @@ class Client:
 
     def lease_remaining(self, path: str) -> float:
         """Seconds the lease on ``path`` is still trusted (0.0 if none)."""
-        entry = self._cache.get(path)
+        entry = self._cache.get(path) or self._cache.chunks(path)  # whole, or in chunks
         return max(0.0, entry.expiry - self._clock()) if entry is not None else 0.0
 
     @property
