@@ -198,6 +198,28 @@ async def test_a_write_elsewhere_reads_new_at_once_though_the_kernel_had_it_cach
         await on_mount(os.close, fd)
 
 
+async def test_an_evicted_file_leaves_the_kernel_before_its_lease_is_given_back(
+    mountable, server, mountpoint, other
+):
+    async with (
+        fscache.open_client("127.0.0.1", server.port, cache_bytes=100_000) as client,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(mount, client, mountpoint)
+        await other.write("a", b"a" * 60_000)
+        await other.write("b", b"b" * 60_000)
+        assert await on_mount(read_file, mountpoint / "a") == b"a" * 60_000  # leased, so
+        assert (await on_mount(os.stat, mountpoint / "a")).st_size == 60_000  # kept
+        assert await on_mount(read_file, mountpoint / "b") == b"b" * 60_000  # evicts "a"
+        while client.stats["relinquished"] + client.stats["evictions"] == 0:
+            await trio.sleep(0.01)
+        await trio.sleep(0.1)  # the relinquish reaches the server: it asks no approval
+        await other.write("a", b"new")
+        assert (await on_mount(os.stat, mountpoint / "a")).st_size == 3
+        assert await on_mount(read_file, mountpoint / "a") == b"new"
+        nursery.cancel_scope.cancel()
+
+
 async def in_child(script: str, *args: object) -> bytes:
     """Run ``script`` in another process: a page fault on a mapped file holds the GIL
     until this process's trio loop has answered it, so it cannot happen here."""
