@@ -79,6 +79,13 @@ the file's lease, never the whole file. Writes take one of two paths:
   updated atomically, just as with a local file system, so a program that needs
   a consistent file syncs it (sqlite does, with its journal).
 
+The mount caps its client's cache at ``MOUNT_CACHE_BYTES``: the kernel's page
+cache holds what the mount serves again, so the client's copy need only span the
+reads in flight and their neighbours, and a big copy out of the mount stays well
+under 100 MiB resident. A path the client evicts goes through
+:meth:`FscacheOperations.before_approval` before its lease is given back, so the
+kernel never keeps a copy the client no longer holds a lease for.
+
 Until a flush the writer's own reads and ``stat`` see its writes (the spool, or
 the server's bytes with the dirty ranges laid over); other clients see the file
 as the server has it. A truncate of a file with no spool flushes its ranges and
@@ -178,6 +185,7 @@ _ERRNO: tuple[tuple[type[FscacheError], int], ...] = (
 )
 MIXED = -1  # in ``_paged``: the kernel may hold pages of more than one version
 BLOCK_SIZE = 4096
+MOUNT_CACHE_BYTES = 16 << 20  # the client's cache under a mount (the kernel has the pages)
 DIRTY_BOUND = 8 << 20  # bytes written in place that are sent before the close
 _mounted = False  # pyfuse3 holds one session per process
 
@@ -778,6 +786,7 @@ async def mount(
     """Mount the server behind ``client`` on ``mountpoint`` and serve it until
     unmounted (``fusermount3 -u``) or cancelled; always unmounts on the way out.
 
+    The client's cache is capped at ``MOUNT_CACHE_BYTES`` (see the theory note).
     ``task_status.started()`` is called once the mount is in place, so
     ``await nursery.start(mount, client, path)`` returns when it can be used."""
     global _mounted
@@ -802,6 +811,7 @@ async def mount(
             pyfuse3.close(unmount=False)
         raise FscacheError(f"cannot mount on {mountpoint}: {exc}") from None
     _mounted = True
+    client.cache.max_bytes = min(client.cache.max_bytes, MOUNT_CACHE_BYTES)
     try:
         task_status.started()
         await pyfuse3.main()
