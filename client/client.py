@@ -312,7 +312,12 @@ class Client:
             return await self._write_in_place(path, data, offset, if_version)
         if isinstance(data, bytes | bytearray | memoryview) and len(data) <= CHUNK_SIZE:
             return await self._write_whole(path, bytes(data), if_version)
-        return await self._upload(path, data, if_version)
+        next_part = _parts(data)
+        first = await next_part()
+        second = await next_part()
+        if not second:  # a file of one chunk at most: one write, as for bytes
+            return await self._write_whole(path, first, if_version)
+        return await self._upload(path, _chain((first, second), next_part), if_version)
 
     async def _write_whole(self, path: str, data: bytes, if_version: int | None) -> int:
         link = await self._current_link()
@@ -329,15 +334,17 @@ class Client:
         assert isinstance(reply, p.Written)
         return reply.version
 
-    async def _upload(self, path: str, data: Source, if_version: int | None) -> int:
-        """Send ``data`` as an upload: begin, parts (IN_FLIGHT at most), commit; abort
-        on any error or cancellation before the commit's reply."""
-        next_part = _parts(data)
+    async def _upload(
+        self, path: str, next_part: Callable[[], Awaitable[bytes]], if_version: int | None
+    ) -> int:
+        """Send the parts ``next_part`` gives as an upload: begin, parts (IN_FLIGHT at
+        most), commit; abort on any error or cancellation before the commit's reply."""
         link = await self._current_link()
         self._counters["writes"] += 1
-        begin = await self._call_request(link, lambda i: p.UploadBegin(id=i, path=path), path)
+        begin = await self._start(link, _Request(path), lambda i: p.UploadBegin(id=i, path=path))
         upload = begin.id
         try:
+            await self._finish(link, begin)
             sent = 0
             parts: deque[_Request] = deque()
             while part := await next_part():
@@ -703,8 +710,8 @@ class Client:
         """Hand bytes ``[offset, offset + length)`` of ``path`` to ``sink`` in order,
         chunk by chunk from the cache or the server (IN_FLIGHT requests at most);
         returns the bytes handed over. :class:`_Changed` (after dropping the file's
-        chunks) if two chunks differ in version. ``first``: chunk 0, already read."""
-        self._counters["misses"] += 1
+        chunks) if two chunks differ in version. ``first``: chunk 0, already read.
+        Each chunk counts as a hit or a miss."""
         chunks = self._cache.chunks(path)
         known: dict[int, bytes] = {}
         if first is not None:
@@ -761,6 +768,7 @@ class Client:
         return self._chunk_result(request)
 
     async def _start_chunk(self, link: _Link, path: str, index: int) -> _Request:
+        self._counters["misses"] += 1
         request = _Request(path)
         cached, chunks = self._cache.chunk(path, index), self._cache.chunks(path)
         if cached is not None and chunks is not None:  # revalidate: costs no data
@@ -1157,6 +1165,18 @@ def _parts(data: Source) -> Callable[[], Awaitable[bytes]]:
         return bytes(part)
 
     return next_read
+
+
+def _chain(
+    parts: tuple[bytes, ...], rest: Callable[[], Awaitable[bytes]]
+) -> Callable[[], Awaitable[bytes]]:
+    """``parts`` already read, then whatever ``rest`` gives."""
+    waiting = list(parts)
+
+    async def next_part() -> bytes:
+        return waiting.pop(0) if waiting else await rest()
+
+    return next_part
 
 
 def _copy_error(error: BaseException) -> BaseException:

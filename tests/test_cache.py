@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from fscache.cache import LeaseCache
+from fscache.cache import Chunks, DirEntry, LeaseCache
 
 SKEW = 0.1
 
@@ -303,3 +303,75 @@ def test_when_every_older_entry_was_used_the_new_one_still_stays_and_the_bound_h
 
     assert c.store("c", b"cc", version=1, term=10.0, sent_at=1.0) == ["a"]
     assert (list(c.entries), c.nbytes) == (["b", "c"], 6)
+
+
+# ---------------------------------------------------------------- chunks and listings
+def chunk(c: LeaseCache, path: str, index: int, now: float) -> bytes | None:
+    entry = c.lookup_chunk(path, index, now)
+    return None if entry is None else entry.data
+
+
+def test_chunks_are_trusted_until_the_files_lease_runs_out_exactly() -> None:
+    c = cache()
+    c.store_chunk("f", 0, b"aa", version=3, size=5, term=10.0, sent_at=100.0)
+    c.store_chunk("f", 1, b"bbb", version=3, size=5, term=10.0, sent_at=101.0)
+    assert c.chunks("f") == Chunks(version=3, size=5, expiry=111.0 - SKEW, indices={0, 1})
+    assert chunk(c, "f", 0, just_before(111.0 - SKEW)) == b"aa"  # the later grant counts
+    assert chunk(c, "f", 1, 111.0 - SKEW) is None
+    assert c.lookup("f", 100.0) is None  # chunks are never a whole-file hit
+    assert c.nbytes == 5 and "f" in c
+
+
+def test_a_newer_version_replaces_every_chunk_an_older_one_is_refused() -> None:
+    c = cache()
+    c.store_chunk("f", 0, b"old", version=2, size=6, term=10.0, sent_at=0.0)
+    c.store_chunk("f", 1, b"old", version=2, size=6, term=10.0, sent_at=0.0)
+    assert c.store_chunk("f", 1, b"ancient", version=1, size=9, term=10.0, sent_at=0.0) == []
+    c.store_chunk("f", 1, b"new", version=3, size=6, term=10.0, sent_at=0.0)
+    chunks = c.chunks("f")
+    assert chunks is not None and (chunks.version, chunks.indices) == (3, {1})
+    assert chunk(c, "f", 0, 1.0) is None and c.nbytes == 3
+
+
+def test_dropping_a_file_drops_its_whole_entry_or_all_its_chunks() -> None:
+    c = cache()
+    c.store_chunk("f", 0, b"x" * 4, version=1, size=8, term=10.0, sent_at=0.0)
+    c.store_chunk("f", 1, b"y" * 4, version=1, size=8, term=10.0, sent_at=0.0)
+    c.store("g", b"whole", 1, 10.0, 0.0)
+    assert c.drop("f") and c.chunks("f") is None and c.nbytes == 5 and len(c) == 1
+    c.store_chunk("g", 0, b"wh", version=2, size=5, term=10.0, sent_at=0.0)
+    assert c.get("g") is None and c.nbytes == 2  # chunks of a newer version replace it
+
+
+def test_a_file_is_reported_evicted_when_its_last_chunk_goes() -> None:
+    c = cache(max_bytes=8)
+    c.store_chunk("f", 0, b"1234", version=1, size=8, term=10.0, sent_at=0.0)
+    c.store_chunk("f", 1, b"5678", version=1, size=8, term=10.0, sent_at=0.0)
+    assert c.store_chunk("g", 0, b"abcd", version=1, size=4, term=10.0, sent_at=0.0) == []
+    assert c.chunks("f") is not None and c.chunks("f").indices == {1}  # type: ignore[union-attr]
+    assert c.store_chunk("g", 1, b"efgh", version=1, size=8, term=10.0, sent_at=0.0) == ["f"]
+    assert c.nbytes == 8 and c.chunks("f") is None
+
+
+def test_a_listing_is_trusted_until_its_lease_runs_out_and_dropped_by_its_key() -> None:
+    c = cache()
+    entries = (DirEntry("a", False, 1, 7), DirEntry("sub", True, 0, 9))
+    c.store_listing("docs/", entries, 4, 10.0, 50.0)
+    listing = c.lookup_listing("docs/", just_before(60.0 - SKEW))
+    assert listing is not None and listing.entries == entries
+    assert c.lookup_listing("docs/", 60.0 - SKEW) is None
+    assert c.extend("docs/", 4, 10.0, 55.0) and c.lookup_listing("docs/", 60.0) is not None
+    assert not c.extend("docs/", 5, 10.0, 55.0) and c.get_listing("docs/") is None  # stale
+    c.store_listing("docs/", entries, 4, 10.0, 50.0)
+    assert c.drop("docs/") and c.get_listing("docs/") is None
+    assert c.nbytes == 0  # listings are outside the byte bound
+
+
+def test_drop_beneath_forgets_everything_below_a_directory_key() -> None:
+    c = cache()
+    c.store("d/a", b"1", 1, 10.0, 0.0)
+    c.store_chunk("d/e/big", 0, b"22", version=1, size=9, term=10.0, sent_at=0.0)
+    c.store_listing("d/e/", (), 1, 10.0, 0.0)
+    c.store("dx", b"3", 1, 10.0, 0.0)
+    assert c.drop_beneath("d/") == ["d/a", "d/e/", "d/e/big"]
+    assert list(c.entries) == ["dx"] and c.nbytes == 1

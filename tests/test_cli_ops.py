@@ -1,0 +1,85 @@
+"""The command line's names and streams against a real ``fscache serve`` process:
+``mv``, ``mkdir``, ``rmdir``, and ``read`` / ``write`` of a file larger than the
+memory the command may use (its peak RSS, as the kernel counts it, is bounded).
+Localhost only, port 0 (the ``served`` fixture); no timing is asserted. The RSS
+bound needs Linux's ``/proc``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import IO
+
+import pytest
+
+from .test_end_to_end import fscache_command, served  # noqa: F401 (a fixture)
+
+MIB = 1 << 20
+
+# Runs the command in-process and reports its peak RSS (KiB) on stderr's last line.
+# VmHWM is this process image's own high-water mark; getrusage's ru_maxrss would
+# carry over the RSS of the forking test process across exec.
+MEASURED = """
+import runpy, sys
+sys.argv = ["fscache", *sys.argv[1:]]
+try:
+    runpy.run_module("fscache", run_name="__main__")
+finally:
+    with open("/proc/self/status") as status:
+        peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    print(peak, file=sys.stderr)
+"""
+
+
+def measured(*args: str, stdout: IO[bytes] | int = subprocess.DEVNULL) -> int:
+    """The peak RSS in MiB of ``fscache *args`` (which must succeed)."""
+    result = subprocess.run(
+        [sys.executable, "-c", MEASURED, *args], stdout=stdout, stderr=subprocess.PIPE, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    return int(result.stderr.decode().split()[-1]) // 1024
+
+
+def test_mv_prints_the_new_version_and_moves_the_name(served):  # noqa: F811
+    assert fscache_command("mkdir", served, "d").returncode == 0
+    assert fscache_command("write", served, "d/a", "-", stdin=b"A").returncode == 0
+    moved = fscache_command("mv", served, "d/a", "b")
+    assert moved.returncode == 0, moved.stderr
+    assert int(moved.stdout) > 0
+    assert fscache_command("read", served, "b").stdout == b"A"
+    assert fscache_command("ls", served).stdout.decode().split() == ["b", "d/"]
+    missing = fscache_command("mv", served, "d/a", "c")
+    assert missing.returncode == 1 and b"NotFound" in missing.stderr
+    assert fscache_command("rmdir", served, "d").returncode == 0
+    assert fscache_command("ls", served).stdout.decode().split() == ["b"]
+
+
+def test_mkdir_and_rmdir_refusals_are_one_clear_line(served):  # noqa: F811
+    assert fscache_command("mkdir", served, "d").returncode == 0
+    exists = fscache_command("mkdir", served, "d")
+    assert exists.returncode == 1 and b"Exists" in exists.stderr
+    assert fscache_command("write", served, "d/f", "-", stdin=b"").returncode == 0
+    not_empty = fscache_command("rmdir", served, "d")
+    assert not_empty.returncode == 1 and b"NotEmpty" in not_empty.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")
+def test_read_and_write_stream_a_big_file_in_bounded_memory(served, tmp_path):  # noqa: F811
+    size = 160 * MIB
+    source = tmp_path / "big.bin"
+    with open(source, "wb") as f:
+        for i in range(size // MIB):
+            f.write(bytes([i % 256]) * MIB)
+    write_peak = measured("write", served, "big.bin", str(source))
+    copy = tmp_path / "copy.bin"
+    with open(copy, "wb") as out:
+        read_peak = measured("read", served, "big.bin", stdout=out)
+    print(f"peak RSS: write {write_peak} MiB, read {read_peak} MiB")
+    assert copy.stat().st_size == size
+    with open(source, "rb") as a, open(copy, "rb") as b:
+        while chunk := a.read(8 * MIB):
+            assert chunk == b.read(8 * MIB)
+    assert write_peak < 100, write_peak  # MiB: far below the file's 160
+    assert read_peak < 100, read_peak
