@@ -17,6 +17,19 @@ run in a worker thread (fsync) while the path stays blocked in the table; their
 completion is fed back through :meth:`LeaseTable.write_done`. A timer task
 sleeps until :meth:`LeaseTable.next_deadline` and calls ``tick``.
 
+Every request that changes the tree (write, delete, upload commit, ranged write,
+truncate, rename, mkdir, rmdir) is one write in the table: its footprint, the
+keys it may change, comes from :mod:`fscache.names` and the store's facts about
+the names involved, read on arrival and trusted only while no write is queued on
+them (otherwise the cautious value). Its store call waits in the pending map
+until the table says :class:`ApplyWrite`. Ranged reads and listings (``scandir``)
+are reads of the file's key and of the directory's key.
+
+Uploads belong to their connection and end with it. The receive loop writes each
+part in a worker thread before it reads the next frame, so a connection holds at
+most one part in memory and parts land in order; a commit fsyncs the temp file
+in a worker thread first, then enters the table like a ``write``.
+
 A client that stops reading cannot stall anyone else: each connection has its
 own sender task, and once its unsent replies exceed ``max_outbox`` bytes the
 connection is dropped (its leases are then waited out, like a crashed client's).
@@ -947,8 +960,9 @@ class FileService:
         chunk is answered with its first chunk and its size."""
         try:
             version, data = self.store.read(path)
-        except TooLarge:  # larger than a frame: read only the first chunk
-            first = p.ReadRange(request.id, path, offset=0, length=CHUNK_SIZE, have=request.have)
+        except TooLarge:  # larger than a frame: its first chunk, as much as a frame holds
+            length = min(CHUNK_SIZE, self.settings.max_file_size)
+            first = p.ReadRange(request.id, path, offset=0, length=length, have=request.have)
             self._serve_range(connection, first, path, term)
             return
         except FscacheError as exc:
