@@ -79,9 +79,10 @@ the file's lease, never the whole file. Writes take one of two paths:
   updated atomically, just as with a local file system, so a program that needs
   a consistent file syncs it (sqlite does, with its journal).
 
-The mount caps its client's cache at ``MOUNT_CACHE_BYTES``: the kernel's page
-cache holds what the mount serves again, so the client's copy need only span the
-reads in flight and their neighbours, and a big copy out of the mount stays well
+The mount sets its client's cache bound (``MOUNT_CACHE_BYTES`` unless told): the cache
+holds the leases the kernel's timeouts and pages rest on, so it is never off; and
+the kernel's page cache holds what the mount serves again, so the client's copy
+need only span the reads in flight and their neighbours, and a big copy out of the mount stays well
 under 100 MiB resident. A path the client evicts goes through
 :meth:`FscacheOperations.before_approval` before its lease is given back, so the
 kernel never keeps a copy the client no longer holds a lease for.
@@ -781,12 +782,13 @@ async def mount(
     mountpoint: str | os.PathLike[str],
     *,
     debug: bool = False,
+    cache_bytes: int = MOUNT_CACHE_BYTES,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Mount the server behind ``client`` on ``mountpoint`` and serve it until
     unmounted (``fusermount3 -u``) or cancelled; always unmounts on the way out.
 
-    The client's cache is capped at ``MOUNT_CACHE_BYTES`` (see the theory note).
+    The client's cache bound is set to ``cache_bytes`` (see the theory note).
     ``task_status.started()`` is called once the mount is in place, so
     ``await nursery.start(mount, client, path)`` returns when it can be used."""
     global _mounted
@@ -811,7 +813,7 @@ async def mount(
             pyfuse3.close(unmount=False)
         raise FscacheError(f"cannot mount on {mountpoint}: {exc}") from None
     _mounted = True
-    client.cache.max_bytes = min(client.cache.max_bytes, MOUNT_CACHE_BYTES)
+    client.cache.max_bytes = cache_bytes  # its leases live there: never none
     try:
         task_status.started()
         await pyfuse3.main()

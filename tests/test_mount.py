@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import shutil
 import signal
@@ -202,10 +203,10 @@ async def test_an_evicted_file_leaves_the_kernel_before_its_lease_is_given_back(
     mountable, server, mountpoint, other
 ):
     async with (
-        fscache.open_client("127.0.0.1", server.port, cache_bytes=100_000) as client,
+        fscache.open_client("127.0.0.1", server.port) as client,
         trio.open_nursery() as nursery,
     ):
-        await nursery.start(mount, client, mountpoint)
+        await nursery.start(functools.partial(mount, client, mountpoint, cache_bytes=100_000))
         await other.write("a", b"a" * 60_000)
         await other.write("b", b"b" * 60_000)
         assert await on_mount(read_file, mountpoint / "a") == b"a" * 60_000  # leased, so
