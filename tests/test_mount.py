@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import json
 import os
 import shutil
 import signal
@@ -433,6 +434,18 @@ def test_the_mount_command_serves_until_sigint(mountable, mountpoint, tmp_path):
             line + mounter.stderr.read().decode()
         )
         assert (mountpoint / "hello.txt").read_bytes() == b"hello from the server\n"
+
+        def reads() -> list[int]:
+            stats = subprocess.run(
+                [*command, "stats", address], capture_output=True, check=True, timeout=30
+            )
+            counters = json.loads(stats.stdout)
+            return [counters[name] for name in ("reads", "range_reads", "reads_not_modified")]
+
+        before = reads()  # the mount's client holds a lease: the next reads ask nobody
+        for _ in range(5):
+            assert (mountpoint / "hello.txt").read_bytes() == b"hello from the server\n"
+        assert reads() == before
         (mountpoint / "back.txt").write_bytes(b"back")
         assert (root / "back.txt").read_bytes() == b"back"
         again = subprocess.run(
