@@ -16,6 +16,7 @@ import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import IO, Any, TypeVar
 
 import trio
@@ -89,18 +90,20 @@ class BlockingClient:
                 raise
 
     # ------------------------------------------------------------ the hot path
-    def read(self, path: str, *, offset: int = 0, length: int | None = None) -> bytes:
+    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         """:meth:`Client.read`; a whole small file cached under a lease is answered
-        on this thread."""
+        on this thread. Pass ``offset`` and ``length`` by keyword (see
+        :meth:`Client.read` for why they are not keyword-only). No closure here: its
+        cells would cost every hit."""
         entry = self._cache.lookup(path, time.monotonic())
         if entry is None:
             normal = normalize(path)  # another spelling of a cached path hits here too
             entry = self._cache.lookup(normal, time.monotonic()) if normal != path else None
             if entry is None:
-                return self._run(lambda: self._client.read(normal, offset=offset, length=length))
+                return self._run(partial(self._client.read, normal, offset=offset, length=length))
         self._hits += 1
         if offset or length is not None:
-            return self._run(lambda: self._client.read(path, offset=offset, length=length))
+            return self._run(partial(self._client.read, path, offset=offset, length=length))
         return entry.data
 
     # ------------------------------------------------------------ everything else

@@ -349,3 +349,35 @@ async def test_a_listing_lease_runs_out_and_is_revalidated(cluster, autojump_clo
         assert r.cache.lookup_listing("/", trio.current_time()) is None
         assert await r.scandir() == []
         assert r.stats["not_modified"] == 1
+
+
+# ---------------------------------------------------------------- the blocking client, real TCP
+async def test_the_blocking_client_has_the_same_operations(nursery, root, tmp_path):
+    from fscache.server.service import ServerSettings, serve
+
+    server = await nursery.start(serve, ServerSettings(root=str(root), port=0))
+    address = f"{server.host}:{server.port}"
+    source = tmp_path / "in.bin"
+    source.write_bytes(blob(2 * C + 5))
+
+    def use() -> None:
+        with fscache.connect(address) as c:
+            c.mkdir("d")
+            with open(source, "rb") as f:
+                version = c.write("d/big", f)
+            assert c.stat("d/big").version == version
+            assert c.read("d/big", offset=C, length=4) == blob(2 * C + 5)[C : C + 4]
+            with open(tmp_path / "out.bin", "wb") as out:
+                assert c.read_into("d/big", out) == 2 * C + 5
+            c.write("d/big", b"XY", offset=1)
+            assert c.truncate("d/big", 3) > version
+            assert c.read("d/big") == blob(1) + b"XY"
+            assert c.read("d/big", offset=1) == b"XY"  # a slice of the cached hit
+            c.rename("d/big", "d/small")
+            assert [(e.name, e.size) for e in c.scandir("d")] == [("small", 3)]
+            assert c.listdir("d") == ["small"]
+            c.delete("d/small")
+            c.rmdir("d")
+
+    await trio.to_thread.run_sync(use)
+    assert (tmp_path / "out.bin").read_bytes() == source.read_bytes()
