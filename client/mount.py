@@ -748,6 +748,8 @@ class FscacheOperations(Operations):
 
     async def _write_back(self, open_file: _OpenFile) -> None:
         """Send what was written: the spool as one upload, or the dirty ranges."""
+        if not open_file.dirty:  # the close of a file only read: nothing to wait for
+            return
         async with open_file.flushing:
             if open_file.unlinked:
                 open_file.drop_spool()
