@@ -36,7 +36,7 @@ TARGET = 20.0  # at most this many tmpfs reads
 
 
 @contextlib.contextmanager
-def mounted(address: str, mountpoint: str) -> Iterator[None]:
+def mounted(address: str, mountpoint: str) -> Iterator[subprocess.Popen[str]]:
     """``fscache mount address mountpoint`` in a child process, until the block ends."""
     argv = [sys.executable, "-m", "fscache", "mount", address, mountpoint]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -47,7 +47,7 @@ def mounted(address: str, mountpoint: str) -> Iterator[None]:
             process.kill()
             _, err = process.communicate(timeout=MOUNT_WAIT)
             raise SystemExit(f"fscache mount failed: {line}{err}")
-        yield
+        yield process
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)  # it unmounts on the way out
@@ -74,20 +74,26 @@ def compare(mount_file: str, tmpfs_file: str, *, loops: int, passes: int) -> dic
     """Interleaved passes over both files; median times (s) and median ratio."""
     per_call(mount_file, loops)  # warm both: lease, pages, dentries
     per_call(tmpfs_file, loops)
-    mount_times, tmpfs_times, ratios = [], [], []
+    times = []
     for _ in range(passes):
         tmpfs = per_call(tmpfs_file, loops)
-        fuse = per_call(mount_file, loops)
-        tmpfs_times.append(tmpfs)
-        mount_times.append(fuse)
-        ratios.append(fuse / tmpfs)
+        times.append((per_call(mount_file, loops), tmpfs))
+    mount, tmpfs_median, ratios = medians(times)
     return {
-        "mount": statistics.median(mount_times),
-        "tmpfs": statistics.median(tmpfs_times),
+        "mount": mount,
+        "tmpfs": tmpfs_median,
         "ratio": statistics.median(ratios),
         "ratio_min": min(ratios),
         "ratio_max": max(ratios),
     }
+
+
+def medians(times: Sequence[tuple[float, float]]) -> tuple[float, float, list[float]]:
+    """Of interleaved pairs of timings: the median of each side, and each pair's ratio
+    (first / second)."""
+    firsts, seconds = zip(*times, strict=True)
+    ratios = [first / second for first, second in times]
+    return statistics.median(firsts), statistics.median(seconds), ratios
 
 
 def format_table(figures: dict[str, float], *, loops: int, passes: int) -> str:

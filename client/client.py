@@ -241,7 +241,8 @@ class Client:
         self._closing = False
         self._nursery: trio.Nursery | None = None
         # Awaited with the path of each approval request after its entry is dropped and
-        # before the approval is sent: the mount clears the kernel's copy here.
+        # before the approval is sent, and with each evicted path before its lease is
+        # given back: the mount clears the kernel's copy here.
         self.before_approval: list[Callable[[str], Awaitable[None]]] = []
         self._counters: dict[str, int] = dict.fromkeys(
             (
@@ -600,7 +601,7 @@ class Client:
 
     def lease_remaining(self, path: str) -> float:
         """Seconds the lease on ``path`` is still trusted (0.0 if none)."""
-        entry = self._cache.get(path)
+        entry = self._cache.get(path) or self._cache.chunks(path)  # whole, or in chunks
         return max(0.0, entry.expiry - self._clock()) if entry is not None else 0.0
 
     @property
@@ -1057,6 +1058,9 @@ class Client:
             while self._to_relinquish:
                 batch = self._to_relinquish[:RELINQUISH_BATCH]
                 del self._to_relinquish[:RELINQUISH_BATCH]
+                for path in batch:  # copies made under the lease go before it does
+                    for hook in self.before_approval:
+                        await hook(path)
                 batch = [path for path in batch if path not in self._cache]
                 if batch:
                     self._next_id += 1

@@ -12,93 +12,118 @@ page cache with two short calls into this process (open and flush):
 
 - Attributes and the name's entry are returned with a timeout of the lease's
   remaining time (:meth:`Client.lease_remaining`: the local expiry, which already
-  has the skew taken off), 0 without a lease, for directories (they have no
-  leases) and for a file with an unflushed buffer.
+  has the skew taken off), 0 without a lease, for directories and for a file with
+  unflushed writes.
 - Pages: files are opened without ``direct_io`` (so ``mmap`` works), with
   ``keep_cache`` only when the client holds a lease on the very version the
   kernel's pages hold (``_paged``); otherwise the kernel drops its pages at open.
 - Lease expiry: libfuse asks for ``auto_inval_data``, so a read through the page
   cache after the attribute timeout makes the kernel ask for the attributes again
   and drop its pages if the version (mtime) or size changed. For a file whose
-  pages the kernel holds, that ``getattr`` revalidates with a read (a not-modified
-  round trip that renews the lease) rather than a bare stat.
+  pages the kernel holds, that ``getattr`` revalidates with a one-byte read (a
+  not-modified round trip that renews the lease) rather than a bare stat.
 - Approval requests: the client calls :meth:`FscacheOperations.before_approval`
-  after dropping its entry and awaits it before it sends the approval. It
-  invalidates the kernel's pages, attributes and name entry and returns when the
-  kernel has done so.
+  after dropping its entry and awaits it before it sends the approval. For a
+  file it invalidates the kernel's pages, attributes and name entry; for a
+  directory key (a path ending in ``/``: the directory's name set) it drops the
+  kernel's entries for every name it knows in that directory and the directory's
+  own attributes. It returns when the kernel has done so.
 
 Why the kernel never serves a page after the approval has gone out. A page
-enters the page cache locked and is filled by a READ answered here. The hook
-first, before it yields, forgets every handle's snapshot, so from then on a
-READ of the file is answered only by the client, whose entry is gone: it waits
-at the server, which applies the write first, and gets the new data. A READ
-answered with old data before that moment either completed before the
-invalidation starts, or still holds its page locked, and the invalidation waits
-for that lock; either way the invalidation removes the page, and the approval is
-sent only after it returns. Cached attributes and the name entry go with the
-same call, so the next ``stat`` or ``open`` asks us too. Without a lease there is
-no approval: the kernel's timeouts end no later than the lease (its deadline is
-the reply's arrival plus the remaining time, a few microseconds and at most a
-clock tick after ours), well inside the ``2 * skew`` by which the server outlasts
-the client's expiry.
+enters the page cache locked and is filled by a READ answered here, always by the
+client (a ranged read, cached under the lease), whose entry is gone before the
+hook runs: from then on a READ waits at the server, which applies the write
+first, and gets the new data. A READ answered with old data before that moment
+either completed before the invalidation starts, or still holds its page locked,
+and the invalidation waits for that lock; either way the invalidation removes
+the page, and the approval is sent only after it returns. Cached attributes and
+the name entry go with the same call. Without a lease there is no approval: the
+kernel's timeouts end no later than the lease (its deadline is the reply's
+arrival plus the remaining time), well inside the ``2 * skew`` by which the
+server outlasts the client's expiry.
 
 The price of that order: a READ or lookup of the file that arrives during the
 invalidation waits at the server for a write that waits for this approval, while
 the invalidation waits for that READ's page; the write then goes ahead when the
-lease runs out at the server, which ends the wait. It needs a kernel request for
-the file in the microseconds between the approval request and the end of the
-invalidation.
+lease runs out at the server, which ends the wait.
 
-A read at offset 0 fetches the file from the client (a cache hit while the lease
-lasts); reads further on serve the same copy until an approval request for the
-file. Directories have no leases: each lookup of one asks the server (a round
-trip per directory on a path), and while the server is unreachable those lookups
-fail with EIO rather than guess.
+Names and directories
+---------------------
+Directories live on the server: ``mkdir``, ``rmdir``, ``unlink`` and ``rename``
+are the client's calls, seen by every client at once, with POSIX errnos
+(ENOENT, EEXIST, ENOTDIR, EISDIR, ENOTEMPTY). Listings (``readdir``) and the
+lookup of a name come from :meth:`Client.scandir`, cached under the directory's
+lease: a directory is looked up in its parent's cached listing, a file's
+attributes come from its own lease (else a ``stat``). ``rename`` passes no flags
+on: ``RENAME_NOREPLACE`` and ``RENAME_EXCHANGE`` get EINVAL, since a check
+before the rename could not make them atomic. Open files below a renamed name
+are written back first and follow the rename.
 
-Each kind of server change maps to the kernel in one place, :meth:`_invalidate`
-(pages, attributes, the name in its parent): new operations that change names
-(rename, mkdir on the server) call it for every path they touch.
+Files of any size, with bounded memory
+--------------------------------------
+Reads are ranged (:meth:`Client.read` with ``offset`` and ``length``): the
+kernel's 128 KiB requests are answered from 1 MiB chunks the client caches under
+the file's lease, never the whole file. Writes take one of two paths:
 
-fscache writes whole files, so writes are buffered per open file (shared by all
-handles on one inode) and written through on ``close`` (flush), ``fsync`` and
-release: the writer then has its data on the server's disk. Until then the
-writer's own reads and ``stat`` see the buffer; other clients see the old file.
+- *Whole new contents* (a file made by ``create`` or opened with ``O_TRUNC``, or
+  truncated to 0 while open): the writes go to a private, unlinked spool file on
+  local disk (any offset), and on ``close`` (flush) or ``fsync`` the spool is
+  streamed to the server as one upload. The upload is atomic: other clients see
+  the old contents or the new, never a mix, and see the new from the moment the
+  close returns (close-to-open consistency). Memory stays at one part in flight.
+- *In place* (an existing file opened without ``O_TRUNC``, e.g. sqlite's pages):
+  the written ranges are kept in memory and sent as ranged writes
+  (``write(path, data, offset=N)``) on ``close``, ``fsync`` or when they pass
+  ``DIRTY_BOUND``. Each ranged write (one chunk of a range) is atomic and durable
+  when its reply comes; the file as a whole is not
+  updated atomically, just as with a local file system, so a program that needs
+  a consistent file syncs it (sqlite does, with its journal).
+
+The mount sets its client's cache bound (``MOUNT_CACHE_BYTES`` unless told): the cache
+holds the leases the kernel's timeouts and pages rest on, so it is never off; and
+the kernel's page cache holds what the mount serves again, so the client's copy
+need only span the reads in flight and their neighbours, and a big copy out of the mount stays well
+under 100 MiB resident. A path the client evicts goes through
+:meth:`FscacheOperations.before_approval` before its lease is given back, so the
+kernel never keeps a copy the client no longer holds a lease for.
+
+Until a flush the writer's own reads and ``stat`` see its writes (the spool, or
+the server's bytes with the dirty ranges laid over); other clients see the file
+as the server has it. A truncate of a file with no spool flushes its ranges and
+is the client's ``truncate``.
 
 Not supported, on purpose
 -------------------------
-- ``rename``: fscache has no atomic rename; EXDEV makes ``mv`` and
-  ``shutil.move`` fall back to copy and delete, which is honest about it.
-- Directories are implicit on the server (a write creates its parents; they are
-  never removed). ``mkdir`` makes a directory in this mount's memory only, until
-  a file is written below it; ``rmdir`` removes only such a directory (EPERM for
-  an empty server directory, ENOTEMPTY otherwise).
 - Modes, owners and times are not stored: files are 0644, directories 0755, owned
   by the mounting user; mtime is the version (an mtime in ns). ``chmod``, ``chown``
   and ``utime`` succeed and change nothing. No links, symlinks, special files,
   xattrs.
 - A writable shared ``mmap`` is written back like ``write(2)``: the kernel sends
-  the dirty pages on ``msync`` and on close, and the file goes out whole on the
-  flush that follows.
+  the dirty pages on ``msync`` and on close, as ranged writes on the flush that
+  follows.
 - FUSE's no-open mode (ENOSYS from ``open``, so cached opens never reach us)
   is not used: pyfuse3 hands ``read``, ``write`` and ``flush`` a file handle but
   not the inode, and without ``open`` every handle is 0.
-- Concurrent writers through different mounts: the last close wins (whole-file
-  writes, as with the client's ``write``). A new file is visible, empty, from
-  ``create`` until its first close.
+- Concurrent writers through different mounts: the last upload wins; ranged
+  writes interleave range by range. A new file is visible, empty, from ``create``
+  until its first close.
+- While the server is unreachable, calls that need it answer EIO.
 - pyfuse3 keeps one session per process: one mount at a time.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import errno
 import logging
 import os
 import stat
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import trio
 
@@ -106,12 +131,16 @@ from fscache.client.client import Client, StatResult
 from fscache.errors import (
     BadPath,
     Conflict,
+    Exists,
     FscacheError,
     IsADirectory,
+    NotADirectory,
+    NotEmpty,
     NotFound,
     TooLarge,
     Unauthorized,
 )
+from fscache.names import parent
 from fscache.paths import MAX_PATH_BYTES, MAX_SEGMENT_BYTES, normalize
 
 _IMPORT_ERROR = ""
@@ -149,12 +178,16 @@ _ERRNO: tuple[tuple[type[FscacheError], int], ...] = (
     (NotFound, errno.ENOENT),
     (BadPath, errno.EINVAL),
     (IsADirectory, errno.EISDIR),
+    (NotADirectory, errno.ENOTDIR),
+    (NotEmpty, errno.ENOTEMPTY),
+    (Exists, errno.EEXIST),
     (TooLarge, errno.EFBIG),
     (Unauthorized, errno.EACCES),
 )
 MIXED = -1  # in ``_paged``: the kernel may hold pages of more than one version
-STAT_CONCURRENCY = 32  # stat requests in flight while listing one directory
 BLOCK_SIZE = 4096
+MOUNT_CACHE_BYTES = 16 << 20  # the client's cache under a mount (the kernel has the pages)
+DIRTY_BOUND = 8 << 20  # bytes written in place that are sent before the close
 _mounted = False  # pyfuse3 holds one session per process
 
 
@@ -173,25 +206,96 @@ def _errno_replies() -> Iterator[None]:
         raise pyfuse3.FUSEError(errno.EIO) from None
 
 
+class _DirtyRanges:
+    """Bytes written in place and not yet sent: disjoint ranges, by start offset."""
+
+    def __init__(self) -> None:
+        self._ranges: dict[int, bytearray] = {}
+        self.nbytes = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._ranges)
+
+    @property
+    def end(self) -> int:
+        return max((start + len(data) for start, data in self._ranges.items()), default=0)
+
+    def items(self) -> list[tuple[int, bytes]]:
+        return [(start, bytes(self._ranges[start])) for start in sorted(self._ranges)]
+
+    def clear(self) -> None:
+        self._ranges.clear()
+        self.nbytes = 0
+
+    def write(self, offset: int, buf: bytes) -> None:
+        end = offset + len(buf)
+        touching = [s for s, d in self._ranges.items() if s <= end and offset <= s + len(d)]
+        if len(touching) == 1 and touching[0] <= offset:  # the common case: in or after one
+            data = self._ranges[touching[0]]
+            before = len(data)
+            data[offset - touching[0] : end - touching[0]] = buf
+            self.nbytes += len(data) - before
+            return
+        start = min([offset, *touching])
+        stop = max([end, *(s + len(self._ranges[s]) for s in touching)])
+        merged = bytearray(stop - start)
+        for s in touching:
+            data = self._ranges.pop(s)
+            self.nbytes -= len(data)
+            merged[s - start : s - start + len(data)] = data
+        merged[offset - start : end - start] = buf
+        self._ranges[start] = merged
+        self.nbytes += len(merged)
+
+    def overlay(self, offset: int, data: bytes, length: int) -> bytes:
+        """``data`` (the server's bytes from ``offset``) with the dirty ranges over it."""
+        out = bytearray(data)
+        stop = offset + length
+        for start, dirty in self._ranges.items():
+            lo, hi = max(start, offset), min(start + len(dirty), stop)
+            if lo < hi:
+                if hi - offset > len(out):
+                    out.extend(bytes(hi - offset - len(out)))
+                out[lo - offset : hi - offset] = dirty[lo - start : hi - start]
+        return bytes(out)
+
+
 @dataclasses.dataclass(eq=False)
 class _OpenFile:
     """One inode's open state, shared by every handle on it."""
 
     path: str
     handles: int = 0
-    data: bytearray | None = None  # the local copy being written; None: read the server's
-    dirty: bool = False
-    changes: int = 0  # bumped by every change to ``data``
+    spool: BinaryIO | None = None  # the whole new contents, uploaded on flush
+    ranges: _DirtyRanges = dataclasses.field(default_factory=_DirtyRanges)
+    changes: int = 0  # bumped by every write or truncate
     modified_ns: int = 0
     unlinked: bool = False
+    flushing: trio.Lock = dataclasses.field(default_factory=trio.Lock)
+
+    @property
+    def dirty(self) -> bool:
+        return self.spool is not None or bool(self.ranges)
+
+    def start_spool(self) -> None:
+        """From now on the local spool holds the whole contents (empty so far)."""
+        if self.spool is not None:
+            self.spool.truncate(0)
+        else:
+            self.spool = tempfile.TemporaryFile()  # noqa: SIM115  (closed by the flush)
+        self.ranges.clear()
+        _changed(self)
+
+    def drop_spool(self) -> None:
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
 
 
 @dataclasses.dataclass(eq=False)
 class _Handle:
     inode: int
     append: bool
-    snapshot: bytes | None = None  # what reads past offset 0 are served from
-    version: int = MIXED  # the snapshot's version (MIXED: not known)
 
 
 class FscacheOperations(Operations):
@@ -211,7 +315,6 @@ class FscacheOperations(Operations):
         self._handles: dict[int, _Handle] = {}
         self._listings: dict[int, tuple[str, list[tuple[str, StatResult]]]] = {}
         self._next_handle = 1
-        self._local_dirs: dict[str, int] = {}  # mkdir'd here, not yet on the server: ctime ns
         self._paged: dict[int, int] = {}  # inode: the version of the pages the kernel may hold
         self._invalidations = 0  # approval requests seen: a read spanning one is MIXED
         client.before_approval.append(self.before_approval)
@@ -232,8 +335,8 @@ class FscacheOperations(Operations):
             text = name.decode("utf-8")
         except UnicodeDecodeError:
             raise pyfuse3.FUSEError(errno.EINVAL) from None  # fscache names are UTF-8
-        parent = self._path(parent_inode)
-        path = f"{parent}/{text}" if parent else text
+        parent_path = self._path(parent_inode)
+        path = f"{parent_path}/{text}" if parent_path else text
         if len(path.encode("utf-8")) > MAX_PATH_BYTES:
             raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
         try:
@@ -257,30 +360,54 @@ class FscacheOperations(Operations):
         self._lookups[inode] += 1
         return inode
 
+    def _moved(self, src: str, dst: str) -> None:
+        """After a rename: ``src`` and everything below it is now at ``dst``."""
+        replaced = self._inode_of.pop(dst, None)
+        if replaced is not None and replaced in self._open:
+            self._open[replaced].unlinked = True  # its old contents are gone
+        below = src + "/"
+        for path in [p for p in self._inode_of if p == src or p.startswith(below)]:
+            inode = self._inode_of.pop(path)
+            moved = dst + path[len(src) :]
+            self._inode_of[moved] = inode
+            self._path_of[inode] = moved
+            self._paged.pop(inode, None)
+            if inode in self._open:
+                self._open[inode].path = moved
+
     # ------------------------------------------------------------ attributes
-    async def _stat(self, path: str) -> StatResult:
-        """What ``path`` looks like from this mount: an unflushed buffer, a leased
-        cache entry, the server, or a directory that exists only here."""
+    def _local(self, path: str) -> StatResult | None:
+        """``path`` as this mount knows it without asking: a spool, or a lease."""
         inode = self._inode_of.get(path)
         open_file = self._open.get(inode) if inode is not None else None
-        if open_file is not None and open_file.data is not None:
-            return StatResult(path, open_file.modified_ns, len(open_file.data), False)
+        if open_file is not None and open_file.spool is not None:
+            size = os.fstat(open_file.spool.fileno()).st_size
+            return StatResult(path, open_file.modified_ns, size, False)
         leased = self._client.leased(path)  # the lease keeps size and version current too
-        if leased is not None:
-            return leased
+        if leased is not None and open_file is not None and open_file.ranges:
+            return StatResult(
+                path, open_file.modified_ns, max(leased.size, open_file.ranges.end), False
+            )
+        return leased
+
+    async def _stat(self, path: str) -> StatResult:
+        """What ``path`` looks like from this mount: unflushed writes, a leased cache
+        entry, or the server."""
+        known = self._local(path)
+        if known is not None:
+            return known
+        inode = self._inode_of.get(path)
         if inode is not None and inode in self._paged:  # the kernel asks whether its
-            await self._client.read(path)  # pages are current: renew the lease too
-            leased = self._client.leased(path)
-            if leased is not None:
-                return leased
-        try:
-            st = await self._client.stat(path)
-        except NotFound:
-            if path in self._local_dirs:
-                return StatResult(path, self._local_dirs[path], 0, True)
-            raise
-        if st.is_dir:
-            self._local_dirs.pop(path, None)  # the server has it now
+            await self._client.read(path, offset=0, length=1)  # pages are current
+            known = self._local(path)
+            if known is not None:
+                return known
+        st = await self._client.stat(path)
+        open_file = self._open.get(inode) if inode is not None else None
+        if open_file is not None and open_file.ranges:
+            return StatResult(
+                path, open_file.modified_ns, max(st.size, open_file.ranges.end), False
+            )
         return st
 
     def _attributes(self, inode: int, st: StatResult) -> EntryAttributes:
@@ -299,13 +426,28 @@ class FscacheOperations(Operations):
 
     def _kernel_term(self, inode: int, st: StatResult) -> float:
         """How long the kernel may keep ``st``: what is left of the lease on exactly
-        this version; 0 for a directory, an unflushed buffer or no lease."""
-        if st.is_dir or (inode in self._open and self._open[inode].data is not None):
+        this version; 0 for a directory, unflushed writes or no lease."""
+        if st.is_dir or (inode in self._open and self._open[inode].dirty):
             return 0.0
         leased = self._client.leased(st.path)
         if leased is None or leased.version != st.version:
             return 0.0
         return self._client.lease_remaining(st.path)
+
+    async def _entry(self, path: str) -> StatResult:
+        """``path`` looked up in its directory's leased listing: a directory from
+        there, a file from its own lease or the server."""
+        known = self._local(path)
+        if known is not None:
+            return known
+        entries = await self._client.scandir(parent(path))
+        name = path.rpartition("/")[2]
+        at = bisect.bisect_left(entries, name, key=lambda entry: entry.name)
+        if at == len(entries) or entries[at].name != name:
+            raise NotFound(path)
+        if entries[at].is_dir:
+            return StatResult(path, entries[at].version, 0, True)
+        return await self._stat(path)
 
     async def lookup(
         self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext
@@ -314,11 +456,11 @@ class FscacheOperations(Operations):
             if name in (b".", b".."):
                 path = self._path(parent_inode)
                 if name == b"..":
-                    path = path.rpartition("/")[0]
+                    path = parent(path)
+                st = await self._client.stat(path)
             else:
-                path = self._child(parent_inode, name)
-            st = await self._stat(path)
-            return self._attributes(self._remember(path), st)
+                st = await self._entry(self._child(parent_inode, name))
+            return self._attributes(self._remember(st.path), st)
 
     async def forget(self, inode_list: Sequence[tuple[InodeT, int]]) -> None:
         for inode, count in inode_list:
@@ -350,13 +492,16 @@ class FscacheOperations(Operations):
             path = self._path(inode)
             if fields.update_size:  # modes, owners and times are not stored
                 open_file = self._open.get(inode)
-                if open_file is not None:
-                    _resize(await self._loaded(open_file), attr.st_size)
-                    _changed(open_file)
+                if open_file is not None and (open_file.spool is not None or attr.st_size == 0):
+                    if open_file.spool is None:
+                        open_file.start_spool()
+                    else:
+                        open_file.spool.truncate(attr.st_size)
+                        _changed(open_file)
                 else:
-                    data = bytearray(await self._client.read(path))
-                    _resize(data, attr.st_size)
-                    await self._client.write(path, bytes(data))
+                    if open_file is not None:
+                        await self._write_back(open_file)  # its ranges go first
+                    await self._client.truncate(path, attr.st_size)
             return self._attributes(inode, await self._stat(path))
 
     async def statfs(self, ctx: RequestContext) -> StatvfsData:
@@ -386,43 +531,18 @@ class FscacheOperations(Operations):
                     return
                 self._lookups[attrs.st_ino] += 1
 
-    async def _names(self, path: str) -> list[str]:
-        """The names in directory ``path``: the server's, and directories made here."""
-        try:
-            names = [name.rstrip("/") for name in await self._client.listdir(path)]
-        except NotFound:
-            if path not in self._local_dirs:
-                raise
-            names = []
-        prefix = f"{path}/" if path else ""
-        for local in self._local_dirs:
-            name = local[len(prefix) :]
-            if local.startswith(prefix) and "/" not in name and name not in names:
-                names.append(name)
-        return names
-
     async def _list(self, path: str) -> list[tuple[str, StatResult]]:
-        names = await self._names(path)
+        """The leased listing of ``path``: each file as this mount knows it, else as
+        listed (with no kernel timeout: a listing says nothing of a file's contents)."""
         prefix = f"{path}/" if path else ""
-        found: dict[str, StatResult] = {}
-        errors: list[FscacheError] = []
-        limiter = trio.CapacityLimiter(STAT_CONCURRENCY)
-
-        async def stat_one(name: str) -> None:
-            async with limiter:
-                try:
-                    found[name] = await self._stat(prefix + name)
-                except NotFound:
-                    pass  # deleted since the listing
-                except FscacheError as exc:
-                    errors.append(exc)
-
-        async with trio.open_nursery() as nursery:
-            for name in names:
-                nursery.start_soon(stat_one, name)
-        if errors:
-            raise errors[0]
-        return [(name, found[name]) for name in sorted(found)]
+        listed = []
+        for entry in await self._client.scandir(path):
+            child = prefix + entry.name
+            known = self._local(child)
+            if known is None:
+                known = StatResult(child, entry.version, entry.size, entry.is_dir)
+            listed.append((entry.name, known))
+        return listed
 
     async def releasedir(self, fh: FileHandleT) -> None:
         self._listings.pop(fh, None)
@@ -432,24 +552,35 @@ class FscacheOperations(Operations):
     ) -> EntryAttributes:
         with _errno_replies():
             path = self._child(parent_inode, name)
-            with contextlib.suppress(NotFound):
-                await self._stat(path)
-                raise pyfuse3.FUSEError(errno.EEXIST)
-            made = self._local_dirs[path] = time.time_ns()
-            return self._attributes(self._remember(path), StatResult(path, made, 0, True))
+            await self._client.mkdir(path)
+            return self._attributes(self._remember(path), await self._client.stat(path))
 
     async def rmdir(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> None:
         with _errno_replies():
             path = self._child(parent_inode, name)
-            st = await self._stat(path)
-            if not st.is_dir:
-                raise pyfuse3.FUSEError(errno.ENOTDIR)
-            if await self._names(path):  # names only: no stat per entry
-                raise pyfuse3.FUSEError(errno.ENOTEMPTY)
-            if path not in self._local_dirs:
-                raise pyfuse3.FUSEError(errno.EPERM)  # fscache never removes a server directory
-            del self._local_dirs[path]
+            await self._client.rmdir(path)
             self._inode_of.pop(path, None)
+
+    async def rename(
+        self,
+        parent_inode_old: InodeT,
+        name_old: FileNameT,
+        parent_inode_new: InodeT,
+        name_new: FileNameT,
+        flags: FlagT,
+        ctx: RequestContext,
+    ) -> None:
+        with _errno_replies():
+            if flags:  # NOREPLACE, EXCHANGE: not atomic through a check, so not at all
+                raise pyfuse3.FUSEError(errno.EINVAL)
+            src = self._child(parent_inode_old, name_old)
+            dst = self._child(parent_inode_new, name_new)
+            below = src + "/"
+            for open_file in list(self._open.values()):  # the data goes before the name
+                if open_file.path == src or open_file.path.startswith(below):
+                    await self._write_back(open_file)
+            await self._client.rename(src, dst)
+            self._moved(src, dst)
 
     # ------------------------------------------------------------ files
     def _new_handle(self) -> int:
@@ -459,20 +590,22 @@ class FscacheOperations(Operations):
 
     async def open(self, inode: InodeT, flags: FlagT, ctx: RequestContext) -> FileInfo:
         with _errno_replies():
-            open_file = self._open.get(inode)
-            if open_file is None:
-                open_file = self._open[inode] = _OpenFile(self._path(inode))
-            open_file.handles += 1
-            if flags & os.O_TRUNC:
-                open_file.data = bytearray()
-                _changed(open_file)
-            fh = self._new_handle()
-            self._handles[fh] = _Handle(inode, append=bool(flags & os.O_APPEND))
-            leased = self._client.leased(open_file.path)
-            keep = leased is not None and self._paged.get(inode) == leased.version
-            if not keep:
-                self._paged.pop(inode, None)  # the kernel drops its pages now
-            return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=keep)
+            return self._opened(inode, flags, spool=bool(flags & os.O_TRUNC))
+
+    def _opened(self, inode: int, flags: int, *, spool: bool) -> FileInfo:
+        open_file = self._open.get(inode)
+        if open_file is None:
+            open_file = self._open[inode] = _OpenFile(self._path(inode))
+        open_file.handles += 1
+        if spool:
+            open_file.start_spool()
+        fh = self._new_handle()
+        self._handles[fh] = _Handle(inode, append=bool(flags & os.O_APPEND))
+        leased = self._client.leased(open_file.path)
+        keep = leased is not None and self._paged.get(inode) == leased.version
+        if not keep:
+            self._paged.pop(inode, None)  # the kernel drops its pages now
+        return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=keep)
 
     async def create(
         self,
@@ -484,45 +617,53 @@ class FscacheOperations(Operations):
     ) -> tuple[FileInfo, EntryAttributes]:
         with _errno_replies():
             path = self._child(parent_inode, name)
+            made = True
             try:
                 await self._client.write(path, b"", if_version=0)  # 0: only if absent
             except Conflict:
                 if flags & os.O_EXCL:
                     raise pyfuse3.FUSEError(errno.EEXIST) from None
+                made = False
             inode = self._remember(path)
-            info = await self.open(inode, flags, ctx)
+            info = self._opened(inode, flags, spool=made or bool(flags & os.O_TRUNC))
             return info, self._attributes(inode, await self._stat(path))
 
     async def read(self, fh: FileHandleT, off: int, size: int) -> bytes:
         with _errno_replies():
-            handle = self._handles[fh]
-            open_file = self._open[handle.inode]
-            if open_file.data is not None:
-                self._paged[handle.inode] = MIXED  # pages the server does not have yet
-                return bytes(open_file.data[off : off + size])
-            if off == 0 or handle.snapshot is None:
-                seen = self._invalidations
-                data = await self._client.read(open_file.path)
-                leased = self._client.leased(open_file.path)
-                handle.snapshot = data
-                handle.version = MIXED
-                if leased is not None and seen == self._invalidations:
-                    handle.version = leased.version  # the entry ``data`` came from
-            held = self._paged.get(handle.inode, handle.version)
-            self._paged[handle.inode] = handle.version if held == handle.version else MIXED
-            return handle.snapshot[off : off + size]
+            inode = self._handles[fh].inode
+            open_file = self._open[inode]
+            if open_file.spool is not None:
+                self._paged[inode] = MIXED  # pages the server does not have yet
+                return os.pread(open_file.spool.fileno(), size, off)
+            seen = self._invalidations
+            data = await self._client.read(open_file.path, offset=off, length=size)
+            if open_file.ranges:
+                self._paged[inode] = MIXED
+                return open_file.ranges.overlay(off, data, size)
+            leased = self._client.leased(open_file.path)
+            version = MIXED
+            if leased is not None and seen == self._invalidations:
+                version = leased.version  # the entry ``data`` came from
+            held = self._paged.get(inode, version)
+            self._paged[inode] = version if held == version else MIXED
+            return data
 
     async def write(self, fh: FileHandleT, off: int, buf: bytes) -> int:
         with _errno_replies():
             handle = self._handles[fh]
             open_file = self._open[handle.inode]
-            data = await self._loaded(open_file)
-            if handle.append:
-                off = len(data)
-            if off > len(data):
-                _resize(data, off)
-            data[off : off + len(buf)] = buf
+            if open_file.spool is not None:
+                fd = open_file.spool.fileno()
+                if handle.append:
+                    off = os.fstat(fd).st_size
+                os.pwrite(fd, buf, off)
+            else:
+                if handle.append:
+                    off = (await self._stat(open_file.path)).size
+                open_file.ranges.write(off, bytes(buf))
             _changed(open_file)
+            if open_file.ranges.nbytes > DIRTY_BOUND:
+                await self._write_back(open_file)
             return len(buf)
 
     async def flush(self, fh: FileHandleT) -> None:
@@ -544,6 +685,7 @@ class FscacheOperations(Operations):
             log.exception("writing %s back on its last close failed", open_file.path)
         finally:
             if open_file.handles == 0:
+                open_file.drop_spool()
                 del self._open[handle.inode]
 
     async def unlink(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> None:
@@ -554,37 +696,24 @@ class FscacheOperations(Operations):
             open_file = self._open.get(inode) if inode is not None else None
             if open_file is not None:  # no close may bring it back
                 open_file.unlinked = True
-                open_file.dirty = False
-
-    async def rename(
-        self,
-        parent_inode_old: InodeT,
-        name_old: FileNameT,
-        parent_inode_new: InodeT,
-        name_new: FileNameT,
-        flags: FlagT,
-        ctx: RequestContext,
-    ) -> None:
-        raise pyfuse3.FUSEError(errno.EXDEV)  # no atomic rename in fscache: callers copy and delete
 
     # ------------------------------------------------------------ the kernel's copy
     async def before_approval(self, path: str) -> None:
         """The client got an approval request for ``path`` and dropped its entry: clear
         the kernel's copy before the approval goes out (see the theory note)."""
         self._invalidations += 1
+        if path.endswith("/"):  # a directory's name set
+            await self._invalidate_names(path[:-1])
+            return
         inode = self._inode_of.get(path)
-        if inode is None:
-            return  # the kernel has forgotten it: it holds no pages, no entry
-        for handle in self._handles.values():
-            if handle.inode == inode:
-                handle.snapshot = None  # before any yield: no old data from now on
-        await self._invalidate(path, inode)
+        if inode is not None:  # else the kernel has forgotten it: no pages, no entry
+            await self._invalidate(path, inode)
 
     async def _invalidate(self, path: str, inode: int) -> None:
         """Make the kernel forget ``path``'s pages, attributes and name. In a worker
         thread: the kernel may wait for requests only this trio loop can answer."""
-        parent, _, name = path.rpartition("/")
-        parent_inode = self._inode_of.get(parent)
+        parent_inode = self._inode_of.get(parent(path))
+        name = path.rpartition("/")[2].encode("utf-8")
         self._paged.pop(inode, None)
 
         def forget() -> None:
@@ -592,47 +721,62 @@ class FscacheOperations(Operations):
                 pyfuse3.invalidate_inode(inode, attr_only=False)
             if parent_inode is not None:
                 with contextlib.suppress(OSError):
-                    pyfuse3.invalidate_entry(parent_inode, name.encode("utf-8"))
+                    pyfuse3.invalidate_entry(parent_inode, name)
 
         await trio.to_thread.run_sync(forget)
         self._paged.pop(inode, None)  # (pages read meanwhile were read during it)
 
-    async def _loaded(self, open_file: _OpenFile) -> bytearray:
-        """The local copy to write into, read from the server on first use."""
-        if open_file.data is None:
-            try:
-                contents = await self._client.read(open_file.path)
-            except NotFound:
-                contents = b""
-            if open_file.data is None:  # another write may have loaded it meanwhile
-                open_file.data = bytearray(contents)
-        return open_file.data
+    async def _invalidate_names(self, directory: str) -> None:
+        """Make the kernel forget every name it has in ``directory``, and its attributes."""
+        inode = self._inode_of.get(directory)
+        if inode is None:
+            return
+        names = [
+            path.rpartition("/")[2].encode("utf-8")
+            for path in self._inode_of
+            if path and path != directory and parent(path) == directory
+        ]
+
+        def forget() -> None:
+            for name in names:
+                with contextlib.suppress(OSError):
+                    pyfuse3.invalidate_entry(inode, name)
+            with contextlib.suppress(OSError):
+                pyfuse3.invalidate_inode(inode, attr_only=True)
+
+        await trio.to_thread.run_sync(forget)
 
     async def _write_back(self, open_file: _OpenFile) -> None:
-        """Write the whole local copy through the client, if it has changed."""
-        if not open_file.dirty or open_file.unlinked or open_file.data is None:
+        """Send what was written: the spool as one upload, or the dirty ranges."""
+        if not open_file.dirty:  # the close of a file only read: nothing to wait for
             return
-        changes = open_file.changes
-        await self._client.write(open_file.path, bytes(open_file.data))
-        if open_file.changes == changes:  # else a write came in meanwhile: still dirty
-            open_file.dirty = False
-            open_file.data = None  # reads go back to the client (and its leases)
-        inode = self._inode_of.get(open_file.path)
-        if inode is not None:  # its cached mtime is the old version's
-            await self._invalidate(open_file.path, inode)
+        async with open_file.flushing:
+            if open_file.unlinked:
+                open_file.drop_spool()
+                open_file.ranges.clear()
+                return
+            if not open_file.dirty:
+                return
+            changes = open_file.changes
+            if open_file.spool is not None:
+                spool = open_file.spool
+                spool.seek(0)
+                await self._client.write(open_file.path, spool)
+                if open_file.changes == changes:  # else written meanwhile: still dirty
+                    open_file.drop_spool()  # reads go back to the client (and its leases)
+            else:
+                for start, data in open_file.ranges.items():
+                    await self._client.write(open_file.path, data, offset=start)
+                if open_file.changes == changes:
+                    open_file.ranges.clear()
+            inode = self._inode_of.get(open_file.path)
+            if inode is not None:  # its cached mtime is the old version's
+                await self._invalidate(open_file.path, inode)
 
 
 def _changed(open_file: _OpenFile) -> None:
-    open_file.dirty = True
     open_file.changes += 1
     open_file.modified_ns = time.time_ns()
-
-
-def _resize(data: bytearray, size: int) -> None:
-    if size < len(data):
-        del data[size:]
-    else:
-        data.extend(bytes(size - len(data)))
 
 
 async def mount(
@@ -640,11 +784,13 @@ async def mount(
     mountpoint: str | os.PathLike[str],
     *,
     debug: bool = False,
+    cache_bytes: int = MOUNT_CACHE_BYTES,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Mount the server behind ``client`` on ``mountpoint`` and serve it until
     unmounted (``fusermount3 -u``) or cancelled; always unmounts on the way out.
 
+    The client's cache bound is set to ``cache_bytes`` (see the theory note).
     ``task_status.started()`` is called once the mount is in place, so
     ``await nursery.start(mount, client, path)`` returns when it can be used."""
     global _mounted
@@ -669,6 +815,7 @@ async def mount(
             pyfuse3.close(unmount=False)
         raise FscacheError(f"cannot mount on {mountpoint}: {exc}") from None
     _mounted = True
+    client.cache.max_bytes = cache_bytes  # its leases live there: never none
     try:
         task_status.started()
         await pyfuse3.main()

@@ -16,13 +16,17 @@ Test rules for this module:
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 import trio
@@ -91,7 +95,7 @@ def mountpoint(tmp_path):
 
 @pytest.fixture
 async def server(nursery, root):
-    return await nursery.start(serve, ServerSettings(root=str(root), port=0, max_frame=1 << 20))
+    return await nursery.start(serve, ServerSettings(root=str(root), port=0))
 
 
 @pytest.fixture
@@ -196,6 +200,28 @@ async def test_a_write_elsewhere_reads_new_at_once_though_the_kernel_had_it_cach
         await on_mount(os.close, fd)
 
 
+async def test_an_evicted_file_leaves_the_kernel_before_its_lease_is_given_back(
+    mountable, server, mountpoint, other
+):
+    async with (
+        fscache.open_client("127.0.0.1", server.port) as client,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(functools.partial(mount, client, mountpoint, cache_bytes=100_000))
+        await other.write("a", b"a" * 60_000)
+        await other.write("b", b"b" * 60_000)
+        assert await on_mount(read_file, mountpoint / "a") == b"a" * 60_000  # leased, so
+        assert (await on_mount(os.stat, mountpoint / "a")).st_size == 60_000  # kept
+        assert await on_mount(read_file, mountpoint / "b") == b"b" * 60_000  # evicts "a"
+        while client.stats["relinquished"] + client.stats["evictions"] == 0:
+            await trio.sleep(0.01)
+        await trio.sleep(0.1)  # the relinquish reaches the server: it asks no approval
+        await other.write("a", b"new")
+        assert (await on_mount(os.stat, mountpoint / "a")).st_size == 3
+        assert await on_mount(read_file, mountpoint / "a") == b"new"
+        nursery.cancel_scope.cancel()
+
+
 async def in_child(script: str, *args: object) -> bytes:
     """Run ``script`` in another process: a page fault on a mapped file holds the GIL
     until this process's trio loop has answered it, so it cannot happen here."""
@@ -261,37 +287,91 @@ async def test_ls_stat_unlink_and_enoent(mnt, other):
     assert await on_mount(os.listdir, mnt) == ["docs"]
 
 
-async def test_directories_rename_and_bad_names(mnt, other):
-    await on_mount(os.makedirs, mnt / "new" / "sub")  # only in this mount, for now
-    assert "new" in await on_mount(os.listdir, mnt)
-    assert await other.listdir("") == []
-    with pytest.raises(FileExistsError):
-        await on_mount(os.mkdir, mnt / "new")
-    with pytest.raises(OSError) as busy:
-        await on_mount(os.rmdir, mnt / "new")
-    assert busy.value.errno == errno.ENOTEMPTY
+async def test_directories_live_on_the_server_with_posix_errnos(mnt, other):
+    await on_mount(os.makedirs, mnt / "new" / "sub")
+    assert await other.scandir("new") == [fscache.client.client.DirEntry("sub", True, 0, ANY)]
+    for call, target, code in [
+        (os.mkdir, "new", errno.EEXIST),
+        (os.rmdir, "new", errno.ENOTEMPTY),
+        (os.mkdir, "missing/x", errno.ENOENT),
+        (os.unlink, "new", errno.EISDIR),
+    ]:
+        with pytest.raises(OSError) as failed:
+            await on_mount(call, mnt / target)
+        assert failed.value.errno == code, (call, target)
     await on_mount(os.rmdir, mnt / "new" / "sub")
-    await on_mount(write_file, mnt / "new" / "f", b"f")  # now the server has "new/"
-    assert await other.listdir("") == ["new/"]
-    await on_mount(os.unlink, mnt / "new" / "f")
-    with pytest.raises(PermissionError):  # fscache never removes a server directory
-        await on_mount(os.rmdir, mnt / "new")
+    assert await other.listdir("new") == []
+    await other.mkdir("theirs")  # another client's mkdir is seen here at once
+    assert sorted(await on_mount(os.listdir, mnt)) == ["new", "theirs"]
+    await other.rmdir("theirs")
+    assert await on_mount(os.listdir, mnt) == ["new"]
+    await on_mount(write_file, mnt / "f", b"f")
+    with pytest.raises(NotADirectoryError):
+        await on_mount(os.rmdir, mnt / "f")
 
+
+async def test_rename_is_atomic_on_the_server(mnt, other):
     await on_mount(write_file, mnt / "r", b"r")
-    with pytest.raises(OSError) as cross:
-        await on_mount(os.rename, mnt / "r", mnt / "s")
-    assert cross.value.errno == errno.EXDEV  # so mv copies and deletes
-    await on_mount(shutil.move, mnt / "r", mnt / "s")
+    await on_mount(os.rename, mnt / "r", mnt / "s")
     assert await other.read("s") == b"r"
     with pytest.raises(fscache.NotFound):
         await other.read("r")
+    await other.write("t", b"old t")
+    assert await on_mount(read_file, mnt / "t") == b"old t"  # leased here
+    await on_mount(os.replace, mnt / "s", mnt / "t")  # replaces a file
+    assert await other.read("t") == b"r"
+    assert await on_mount(read_file, mnt / "t") == b"r"
 
+    await on_mount(os.makedirs, mnt / "d" / "e")
+    await on_mount(write_file, mnt / "d" / "e" / "g", b"g")
+    await on_mount(os.rename, mnt / "d", mnt / "d2")  # a directory moves whole
+    assert await other.read("d2/e/g") == b"g"
+    assert await on_mount(read_file, mnt / "d2" / "e" / "g") == b"g"
+    assert sorted(await on_mount(os.listdir, mnt)) == ["d2", "t"]
+    await other.rename("d2/e/g", "h")  # another client's rename is seen here
+    assert sorted(await on_mount(os.listdir, mnt)) == ["d2", "h", "t"]
+    assert await on_mount(os.listdir, mnt / "d2" / "e") == []
+
+    for src, dst, code in [
+        ("t", "d2", errno.EISDIR),  # a file over a directory
+        ("d2", "t", errno.ENOTDIR),  # a directory over a file
+        ("nowhere", "x", errno.ENOENT),
+    ]:
+        with pytest.raises(OSError) as failed:
+            await on_mount(os.rename, mnt / src, mnt / dst)
+        assert failed.value.errno == code, (src, dst)
+    await on_mount(write_file, mnt / "d2" / "e" / "full", b"")
+    await on_mount(os.mkdir, mnt / "empty")
+    with pytest.raises(OSError) as full:
+        await on_mount(os.rename, mnt / "empty", mnt / "d2")  # over a non-empty directory
+    assert full.value.errno == errno.ENOTEMPTY
+
+
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
+
+
+def renameat2(src: Path, dst: Path, flags: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd = -100
+    if libc.renameat2(at_fdcwd, bytes(src), at_fdcwd, bytes(dst), flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+async def test_rename_flags_it_cannot_honour_are_refused(mnt, other):
+    await other.write("a", b"a")
+    await other.write("b", b"b")
+    for dst, flags in (("c", RENAME_NOREPLACE), ("b", RENAME_EXCHANGE)):
+        with pytest.raises(OSError) as refused:  # (the kernel says EEXIST for "b" itself)
+            await on_mount(renameat2, mnt / "a", mnt / dst, flags)
+        assert refused.value.errno == errno.EINVAL
+    assert (await other.read("a"), await other.read("b")) == (b"a", b"b")
+
+
+async def test_bad_names_are_refused(mnt, other):
     with pytest.raises(OSError) as reserved:
         await on_mount(write_file, mnt / ".fscache-mine", b"")
     assert reserved.value.errno == errno.EINVAL
-    with pytest.raises(OSError) as too_big:
-        await on_mount(write_file, mnt / "big", b"x" * (1 << 20))
-    assert too_big.value.errno == errno.EFBIG  # raised by close(): writes go on flush
 
 
 async def test_without_the_server_reads_fail_with_eio_not_stale_data(mountable, root, mountpoint):
@@ -354,6 +434,18 @@ def test_the_mount_command_serves_until_sigint(mountable, mountpoint, tmp_path):
             line + mounter.stderr.read().decode()
         )
         assert (mountpoint / "hello.txt").read_bytes() == b"hello from the server\n"
+
+        def reads() -> list[int]:
+            stats = subprocess.run(
+                [*command, "stats", address], capture_output=True, check=True, timeout=30
+            )
+            counters = json.loads(stats.stdout)
+            return [counters[name] for name in ("reads", "range_reads", "reads_not_modified")]
+
+        before = reads()  # the mount's client holds a lease: the next reads ask nobody
+        for _ in range(5):
+            assert (mountpoint / "hello.txt").read_bytes() == b"hello from the server\n"
+        assert reads() == before
         (mountpoint / "back.txt").write_bytes(b"back")
         assert (root / "back.txt").read_bytes() == b"back"
         again = subprocess.run(
