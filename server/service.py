@@ -1161,6 +1161,11 @@ class FileService:
             "term": self.policy.max_term,
             "skew": self.settings.skew,
             "restart_window_s": round(max(0.0, table.hold_writes_until - now), 3),
+            "sessions": len(self.sessions),
+            "sessions_resumed": self.sessions.resumed,
+            "sessions_refused": self.sessions.refused,
+            "sessions_expired": self.sessions.expired,
+            "session_ttl": self.sessions.ttl,
         }
 
     def shutdown(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import pathlib
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,6 +22,7 @@ import trio.testing
 
 import fscache
 from fscache import protocol as p
+from fscache.cli import parse_serving_line
 from fscache.client.client import Client
 from fscache.leases import HolderId
 from fscache.server.service import FileService, ServerSettings, serve
@@ -375,3 +377,28 @@ async def test_two_processes_started_with_one_label_both_run_to_the_end(
     assert session_a != session_b
     assert counts_a == counts_b == ["0", "0"]  # no reconnect, no Unavailable
     assert (root / "a").read_bytes() == (root / "b").read_bytes() == b"39"
+
+
+def test_serve_takes_a_session_ttl_and_reports_sessions_in_its_stats(root: pathlib.Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0",
+         "--session-ttl", "3.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        address = parse_serving_line(proc.stdout.readline())
+        assert address is not None
+        where = f"{address[0]}:{address[1]}"
+        with (
+            fscache.connect(where, client_id="web") as one,
+            fscache.connect(where, client_id="web") as two,
+        ):
+            one.write("a", b"1")
+            assert two.read("a") == b"1"
+            stats = one.server_stats()
+        assert stats["session_ttl"] == 3.5
+        assert stats["sessions"] == 2 and stats["sessions_refused"] == 0
+    finally:
+        proc.terminate()
+        proc.communicate()
