@@ -30,6 +30,13 @@ def opened(t: SessionTable, label: str = "web", now: float = 0.0) -> Attached:
     return t.open(label, "anonymous", SECRET, now)
 
 
+def detached(t: SessionTable, at: float) -> Attached:
+    """A session opened at 0 whose connection was lost at ``at``."""
+    first = opened(t)
+    t.detach(first.session, first.attachment, now=at)
+    return first
+
+
 def resume(
     t: SessionTable,
     session: HolderId,
@@ -78,8 +85,7 @@ def test_session_ids_carry_the_prefix_and_are_never_reused() -> None:
 
 def test_a_resume_with_the_secret_attaches_the_session_to_the_new_connection() -> None:
     t = table()
-    first = opened(t)
-    t.detach(first.session, first.attachment, now=3.0)
+    first = detached(t, at=3.0)
 
     back = resume(t, first.session, now=4.0)
 
@@ -115,8 +121,7 @@ def test_news_of_a_displaced_connection_changes_nothing() -> None:
 @pytest.mark.parametrize("secret", [OTHER_SECRET, b"", SECRET[:-1], SECRET + b"x"])
 def test_a_wrong_secret_is_refused_and_the_session_is_untouched(secret: bytes) -> None:
     t = table()
-    first = opened(t)
-    t.detach(first.session, first.attachment, now=1.0)
+    first = detached(t, at=1.0)
 
     refused = resume(t, first.session, secret, now=2.0)
 
@@ -161,8 +166,7 @@ def test_an_unknown_session_gets_a_new_one_with_the_new_secret() -> None:
 
 def test_a_detached_session_expires_at_exactly_detach_plus_ttl() -> None:
     t = table()
-    first = opened(t, now=0.0)
-    t.detach(first.session, first.attachment, now=2.5)
+    first = detached(t, at=2.5)
 
     assert t.next_deadline() == 2.5 + TTL
     assert t.tick(2.5 + TTL - 1e-9) == []
@@ -174,8 +178,7 @@ def test_a_detached_session_expires_at_exactly_detach_plus_ttl() -> None:
 
 def test_an_expired_session_cannot_be_resumed() -> None:
     t = table()
-    first = opened(t)
-    t.detach(first.session, first.attachment, now=0.0)
+    first = detached(t, at=0.0)
     t.tick(TTL)
 
     fresh = resume(t, first.session, now=TTL)
@@ -185,8 +188,7 @@ def test_an_expired_session_cannot_be_resumed() -> None:
 
 def test_a_resume_before_expiry_cancels_it_and_the_next_detach_starts_a_new_ttl() -> None:
     t = table()
-    first = opened(t)
-    t.detach(first.session, first.attachment, now=1.0)
+    first = detached(t, at=1.0)
     back = resume(t, first.session, now=5.0)
     assert isinstance(back, Attached)
 

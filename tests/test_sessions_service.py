@@ -299,6 +299,25 @@ async def test_a_client_whose_session_expired_gets_a_new_one_and_keeps_its_cache
         assert await client.read("f") == b"v1" and client.stats["misses"] == misses + 1
 
 
+async def test_a_client_refused_its_session_opens_a_new_one(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with labelled(cluster, "c", "c") as client:
+        await client.write("f", b"v1")
+        session = client.session_id
+        assert session is not None
+        client._session = (session, b"not the secret")  # as a client that lost its own
+        await cluster.cut("c")
+
+        with trio.fail_after(5):
+            while client.session_id in (None, session) or not client.connected:
+                await trio.sleep(0.01)
+
+        assert await client.read("f") == b"v1"
+        stats = service_of(cluster).stats()
+        assert stats["sessions_refused"] == 1 and HolderId(session) in service_of(cluster).sessions
+
+
 # ---------------------------------------------------------------- mutual TLS
 @pytest.fixture
 def tls(tmp_path: pathlib.Path) -> pathlib.Path:
