@@ -229,6 +229,7 @@ class Client:
         self._hits = 0
         self.address = address
         self.epoch: str | None = None
+        self._session: tuple[str, bytes] | None = None  # (id, secret) from the welcome
         self._link: _Link | None = None
         self._link_changed = trio.Event()
         self._next_id = 0
@@ -625,6 +626,12 @@ class Client:
         }
 
     @property
+    def session_id(self) -> str | None:
+        """The session the server issued (its leases are this session's), for logs;
+        None before the first welcome."""
+        return None if self._session is None else self._session[0]
+
+    @property
     def connected(self) -> bool:
         return self._link is not None and not self._link.broken
 
@@ -969,9 +976,7 @@ class Client:
         )
         try:
             with trio.fail_after(CONNECT_TIMEOUT), handshake:
-                await stream.send_all(
-                    p.encode(p.Hello(version=p.PROTOCOL_VERSION, client_id=self.client_id))
-                )
+                await stream.send_all(p.encode(self._hello()))
                 while (message := decoder.next_message()) is None:
                     data = await stream.receive_some(256 * 1024)
                     if not data:
@@ -983,11 +988,23 @@ class Client:
                 raise self._unavailable("no answer to the handshake") from None
             raise
         if isinstance(message, p.Error):
+            if message.code == Unauthorized.code and self._session is not None:
+                log.warning("%s refused our session; opening a new one", self.address)
+                self._session = None  # as if it had expired: the server waits out its leases
             raise error_for_code(message.code, f"server refused the connection: {message.message}")
         if not isinstance(message, p.Welcome):
             await trio.aclose_forcefully(stream)
             raise ProtocolError(f"expected welcome, got {message.TYPE}")
+        if self._session is not None and not message.resumed and message.epoch == self.epoch:
+            # Like a server restart: entries stay trusted to their own expiry, no longer.
+            log.info("session %s expired; now %s", self._session[0], message.session)
+        self._session = (message.session, message.secret)
         return stream, message, decoder
+
+    def _hello(self) -> p.Hello:
+        """Our hello: on a reconnect it resumes our session."""
+        session, secret = self._session or (None, None)
+        return p.Hello(p.PROTOCOL_VERSION, self.client_id, session=session, secret=secret)
 
     async def _run(self, first: tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]) -> None:
         """Keep a connection up until closed: serve it, reconnect with backoff."""

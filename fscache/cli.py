@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--hot-writes", type=_count, default=DEFAULT_HOT_WRITES,
         help="writes within one term that make a file write-shared (term 0); 0: off",
     )  # fmt: skip
+    serve.add_argument(
+        "--session-ttl", type=_seconds, help="a disconnected session's life, s (term + skew, >= 5)"
+    )
     serve.add_argument("--tls", metavar="DIR", help="mutual TLS with the server bundle DIR/server")
     serve.add_argument("--access", metavar="FILE", help="access rules (TOML); SIGHUP reloads")
     serve.add_argument(
@@ -205,6 +208,7 @@ def _serve(args: argparse.Namespace) -> int:
         root=root, host=args.host, port=args.port, term=args.term, skew=args.skew,
         hot_writes=args.hot_writes, tls_dir=args.tls, access_file=args.access,
         shared=args.shared,
+        session_ttl=args.session_ttl,
     )  # fmt: skip
 
     async def run() -> None:

@@ -61,7 +61,7 @@ import cbor2
 from fscache.errors import ProtocolError, TooLarge
 from fscache.settings import DEFAULT_MAX_FRAME as DEFAULT_MAX_FRAME  # re-exported
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: sessions in the hello and the welcome
 HEADER = struct.Struct(">I")
 
 
@@ -73,11 +73,15 @@ class Message:
 # ---------------------------------------------------------------- client to server
 @dataclasses.dataclass(frozen=True, slots=True)
 class Hello(Message):
-    """First frame of a connection: who the client is and which protocol it speaks."""
+    """First frame of a connection: which protocol the client speaks, its label
+    (``client_id``, for logs) and, when it reconnects, the session it resumes
+    (see :mod:`fscache.sessions`)."""
 
     TYPE: ClassVar[str] = "hello"
     version: int
     client_id: str
+    session: str | None = None
+    secret: bytes | None = dataclasses.field(default=None, repr=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -172,12 +176,18 @@ class Goodbye(Message):
 # ---------------------------------------------------------------- server to client
 @dataclasses.dataclass(frozen=True, slots=True)
 class Welcome(Message):
+    """The answer to a hello: the server's incarnation and limits, and the client's
+    session (``resumed``: the one its hello named; False: a new one)."""
+
     TYPE: ClassVar[str] = "welcome"
     version: int
     epoch: str
     term: float
     skew: float
     max_frame: int
+    session: str
+    secret: bytes = dataclasses.field(repr=False)
+    resumed: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

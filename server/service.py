@@ -88,6 +88,7 @@ from fscache.leases import (
 from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize, normalize_key
 from fscache.server.store import Facts, NotDurable, Store, Upload
+from fscache.sessions import Attached, SessionTable, default_ttl
 from fscache.settings import (
     CHUNK_SIZE,
     DEFAULT_HOST,
@@ -109,6 +110,8 @@ DEFAULT_MAX_OUTBOX = 32 * 1024 * 1024  # unsent bytes per connection before it i
 DEFAULT_SEND_TIMEOUT = 30.0  # a send not done by then: the peer stopped reading; drop it
 INCARNATION_FILE = "incarnation.json"  # in the store's state directory
 MAX_UPLOADS = 16  # open uploads per connection: each holds a temp file and two descriptors
+SECRET_BYTES = 16  # a session's secret: unguessable, as a 128-bit key is
+MAX_SECRET = 64  # bytes: a hello's secret longer than this is refused unread
 
 
 @dataclasses.dataclass
@@ -127,10 +130,13 @@ class ServerSettings:
     tls_dir: str | None = None
     access_file: str | None = None  # TOML rules (fscache.access); reloaded on SIGHUP
     shared: bool = False  # files and directories the store makes: group-readable, not private
+    session_ttl: float | None = None  # a detached session's life; None: default_ttl
 
     def __post_init__(self) -> None:
         self.term = check_duration("term", self.term)
         self.skew = check_duration("skew", self.skew)
+        if self.session_ttl is not None:
+            self.session_ttl = check_duration("session_ttl", self.session_ttl)
         if not 0 <= self.port <= 65535:
             raise BadSetting(f"port must be 0..65535, not {self.port}")
         if self.hot_writes < 0:
@@ -322,7 +328,7 @@ class Counters:
 
 @dataclasses.dataclass(eq=False)
 class Connection:
-    holder: HolderId
+    holder: HolderId  # its session
     outbox: Outbox
     cancel: trio.CancelScope
     peer: str
@@ -332,6 +338,7 @@ class Connection:
     uploads: dict[int, Upload] = dataclasses.field(default_factory=dict)  # by upload id
     part: p.UploadPart | None = None  # for the receive loop to write before it reads on
     identity: str = ANONYMOUS  # the name on the client's certificate (fscache.access)
+    attachment: int = 0  # its number in the session table
 
     def send(self, message: p.Message) -> None:
         self.send_frame(p.encode(message))
@@ -402,7 +409,13 @@ class FileService:
         )
         self.host = settings.host  # the bound address once listening (port 0 works)
         self.port = settings.port
-        self.connections: dict[HolderId, Connection] = {}
+        self.sessions = SessionTable(
+            ttl=default_ttl(self.policy.max_term, settings.skew)
+            if settings.session_ttl is None
+            else settings.session_ttl,
+            prefix=self.epoch,
+        )
+        self.connections: dict[HolderId, Connection] = {}  # by session
         self._pending: dict[OpId, _Pending] = {}
         self._next_op = 0
         self._nursery: trio.Nursery | None = None
@@ -470,16 +483,26 @@ class FileService:
 
     async def _run_timer(self) -> None:
         while True:
-            deadline = self.table.next_deadline()
+            deadline = self._next_deadline()
             self._timer_at = math.inf if deadline is None else deadline
             with trio.move_on_at(self._timer_at):
                 await self._timer_wake.wait()
             self._timer_wake = trio.Event()
-            self._execute(self.table.tick(trio.current_time()))
+            now = trio.current_time()
+            for expired in self.sessions.tick(now):
+                log.debug("session %s (%s) expired", expired.session, expired.label)
+            self._execute(self.table.tick(now))
             self.store.settle()
 
+    def _next_deadline(self) -> float | None:
+        deadlines = (self.table.next_deadline(), self.sessions.next_deadline())
+        return min((d for d in deadlines if d is not None), default=None)
+
     def _deadline_may_have_moved(self) -> None:
-        deadline = self.table.next_deadline()
+        """After a lease table event (a session's expiry moves only on detach)."""
+        self._wake_timer_by(self.table.next_deadline())
+
+    def _wake_timer_by(self, deadline: float | None) -> None:
         if deadline is not None and deadline < self._timer_at:
             self._timer_at = deadline
             self._timer_wake.set()
@@ -523,38 +546,75 @@ class FileService:
                     )
                 if not message.client_id or len(message.client_id) > 256:
                     raise ProtocolError("client_id must be 1..256 characters")
+                if (message.session is None) != (message.secret is None):
+                    raise ProtocolError("a resume names both a session and its secret")
+                if message.session is not None and len(message.session) > 256:
+                    raise ProtocolError("session must be at most 256 characters")
+                if message.secret is not None and len(message.secret) > MAX_SECRET:
+                    raise ProtocolError(f"secret must be at most {MAX_SECRET} bytes")
             except FscacheError as exc:
                 self.counters.protocol_errors += 1
                 await _send_quietly(wire, p.Error(id=None, code=exc.code, message=str(exc)))
                 return None
-            welcome = p.Welcome(
-                version=p.PROTOCOL_VERSION,
-                epoch=self.epoch,
-                term=self.policy.max_term,
-                skew=self.settings.skew,
-                max_frame=self.settings.max_frame,
-            )
-            await wire.send_all(p.encode(welcome))
             return message
         log.info("%s: no hello within %s s; closed", peer, HANDSHAKE_TIMEOUT)
         return None
 
+    def _attach(self, hello: p.Hello, identity: str) -> tuple[Attached, bytes]:
+        """The session ``hello`` opens or resumes (:mod:`fscache.sessions`) and its
+        secret; a refused resume raises :class:`Unauthorized`."""
+        now = trio.current_time()
+        secret = secrets.token_bytes(SECRET_BYTES)
+        if hello.session is None or hello.secret is None:
+            return self.sessions.open(hello.client_id, identity, secret, now), secret
+        attached = self.sessions.resume(
+            HolderId(hello.session), hello.secret,
+            label=hello.client_id, identity=identity, new_secret=secret, now=now,
+        )  # fmt: skip
+        if not isinstance(attached, Attached):
+            raise Unauthorized(f"resume refused: {attached.reason}")
+        if not attached.resumed:
+            log.info("client %s: session %s is unknown; a new one", hello.client_id, hello.session)
+            return attached, secret
+        return attached, hello.secret
+
+    def _welcome(self, attached: Attached, secret: bytes) -> p.Welcome:
+        return p.Welcome(
+            version=p.PROTOCOL_VERSION,
+            epoch=self.epoch,
+            term=self.policy.max_term,
+            skew=self.settings.skew,
+            max_frame=self.settings.max_frame,
+            session=attached.session,
+            secret=secret,
+            resumed=attached.resumed,
+        )
+
     async def _serve_client(
         self, wire: Wire, decoder: p.FrameDecoder, hello: p.Hello, peer: str, identity: str
     ) -> None:
-        holder = HolderId(hello.client_id)
+        try:
+            attached, secret = self._attach(hello, identity)
+        except Unauthorized as exc:
+            self.counters.errors += 1
+            log.info("%s: client %s: %s", peer, hello.client_id, exc)
+            await _send_quietly(wire, p.Error(id=None, code=exc.code, message=str(exc)))
+            return
+        holder = attached.session
         with trio.CancelScope() as cancel:
             outbox = Outbox(wire, self.settings.max_outbox)
             connection = Connection(holder, outbox, cancel, peer, self.counters)
             connection.identity = identity
+            connection.attachment = attached.attachment
             if identity != ANONYMOUS:
-                log.info("%s: client %s is %r", peer, holder, identity)
+                log.info("%s: client %s is %r", peer, hello.client_id, identity)
             previous = self.connections.get(holder)
-            if previous is not None:  # the same client reconnected: the old link is dead
+            if previous is not None:  # the same client resumed: the old link is half-open
                 previous.alive = False
                 previous.cancel.cancel()
             self.connections[holder] = connection
-            log.debug("%s: client %s connected", peer, holder)
+            connection.send(self._welcome(attached, secret))
+            log.debug("%s: client %s connected, session %s", peer, hello.client_id, holder)
             try:
                 self._execute(self.table.connected(holder, trio.current_time()))
                 async with trio.open_nursery() as nursery:
@@ -572,10 +632,14 @@ class FileService:
                 connection.uploads.clear()
                 if self.connections.get(holder) is connection:
                     del self.connections[holder]
+                    now = trio.current_time()
+                    if connection.goodbye:
+                        self.sessions.end(holder, connection.attachment, now)
+                    else:
+                        self.sessions.detach(holder, connection.attachment, now)
+                        self._wake_timer_by(self.sessions.next_deadline())
                     self._execute(
-                        self.table.disconnected(
-                            holder, goodbye=connection.goodbye, now=trio.current_time()
-                        )
+                        self.table.disconnected(holder, goodbye=connection.goodbye, now=now)
                     )
                 log.debug(
                     "%s: client %s %s", peer, holder,
@@ -1119,6 +1183,11 @@ class FileService:
             "term": self.policy.max_term,
             "skew": self.settings.skew,
             "restart_window_s": round(max(0.0, table.hold_writes_until - now), 3),
+            "sessions": len(self.sessions),
+            "sessions_resumed": self.sessions.resumed,
+            "sessions_refused": self.sessions.refused,
+            "sessions_expired": self.sessions.expired,
+            "session_ttl": self.sessions.ttl,
         }
 
     def shutdown(self) -> int:

@@ -96,7 +96,7 @@ def test_every_client_message_has_a_need() -> None:
 
 def test_a_message_type_without_a_need_is_refused() -> None:
     with pytest.raises(fscache.ProtocolError, match="no access rule"):
-        need(p.Welcome(version=1, epoch="e", term=1.0, skew=0.1, max_frame=1 << 20))
+        need(p.Welcome(2, "e", 1.0, 0.1, 1 << 20, session="s", secret=b"k", resumed=False))
 
 
 def moved(message: p.Message, where: str) -> p.Message:

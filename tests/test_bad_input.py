@@ -58,7 +58,7 @@ async def closing_error(peer) -> p.Error:
         b"\x00\x00\x00\x01\x01",  # CBOR, but not a map
         p.HEADER.pack(3) + cbor2.dumps({"t": 1}),  # a type that is not a string
         p.HEADER.pack(len(cbor2.dumps({"t": "nope"}))) + cbor2.dumps({"t": "nope"}),
-        p.encode(p.Welcome(version=1, epoch="x", term=1.0, skew=0.1, max_frame=1)),  # server's
+        p.encode(p.Welcome(2, "x", 1.0, 0.1, 1, "s", b"k", resumed=False)),  # server's
         p.encode(p.Hello(version=1, client_id="again")),  # a second hello
     ],
     ids=["not-cbor", "not-a-map", "type-not-string", "unknown-type", "server-message", "hello"],
@@ -192,7 +192,8 @@ async def test_a_not_modified_reply_for_a_version_not_asked_about_is_refused(nur
     async def play_server() -> None:
         assert isinstance(await server.receive(), p.Hello)
         await server.send(p.Welcome(version=p.PROTOCOL_VERSION, epoch="e", term=10.0,
-                                    skew=0.1, max_frame=p.DEFAULT_MAX_FRAME))  # fmt: skip
+                                    skew=0.1, max_frame=p.DEFAULT_MAX_FRAME, session="s",
+                                    secret=b"k", resumed=False))  # fmt: skip
         read = await server.receive()
         assert isinstance(read, p.Read) and read.have is None
         await server.send(p.NotModified(id=read.id, version=7, term=10.0))

@@ -20,7 +20,14 @@ from fscache.client.client import Client
 from .harness import RawPeer
 
 WELCOME = p.Welcome(
-    version=p.PROTOCOL_VERSION, epoch="e", term=10.0, skew=0.1, max_frame=p.DEFAULT_MAX_FRAME
+    version=p.PROTOCOL_VERSION,
+    epoch="e",
+    term=10.0,
+    skew=0.1,
+    max_frame=p.DEFAULT_MAX_FRAME,
+    session="s",
+    secret=b"k",
+    resumed=False,
 )
 
 

@@ -144,6 +144,33 @@ def test_optional_fields_may_be_left_out() -> None:
     assert decode_message(cbor({"t": "read", "id": 1, "path": "a"})) == Read(1, "a", have=None)
 
 
+def test_the_protocol_is_version_2_whose_hello_and_welcome_carry_the_session() -> None:
+    assert protocol.PROTOCOL_VERSION == 2
+    resume = protocol.Hello(2, "web", session="e.1", secret=b"k" * 16)
+    welcome = protocol.Welcome(
+        2, "e", 10.0, 0.1, 1 << 20, session="e.1", secret=b"k" * 16, resumed=True
+    )
+
+    assert encode(resume)[4:] == cbor(
+        {"t": "hello", "version": 2, "client_id": "web", "session": "e.1", "secret": b"k" * 16}
+    )
+    assert decode_message(encode(welcome)[4:]) == welcome
+    assert decode_message(cbor({"t": "hello", "version": 1, "client_id": "old"})) == protocol.Hello(
+        1, "old", session=None, secret=None
+    )  # a version-1 hello decodes, for the server to refuse by its version
+
+
+def test_a_session_secret_never_appears_in_a_message_repr() -> None:
+    secret = bytes(range(16))
+    hello = protocol.Hello(2, "web", session="e.1", secret=secret)
+    welcome = protocol.Welcome(
+        2, "e", 10.0, 0.1, 1 << 20, session="e.1", secret=secret, resumed=False
+    )
+
+    for message in (hello, welcome):
+        assert repr(secret) not in repr(message) and "secret" not in repr(message)
+
+
 def test_indefinite_length_strings_are_valid_cbor_and_decode_joined() -> None:
     # {"t": "write", "id": 1, "path": "a", "data": b"ab"} with "write" and b"ab" in chunks
     payload = (
