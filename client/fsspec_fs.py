@@ -65,18 +65,11 @@ from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.spec import AbstractBufferedFile
 from fsspec.utils import isfilelike
 
+from fscache import errors
 from fscache.cache import DirEntry
 from fscache.client.blocking import BlockingClient, connect
 from fscache.client.client import DEFAULT_PORT, Source, parse_address
-from fscache.errors import (
-    Conflict,
-    Exists,
-    FscacheError,
-    IsADirectory,
-    NotADirectory,
-    NotEmpty,
-    NotFound,
-)
+from fscache.errors import FscacheError
 from fscache.settings import CHUNK_SIZE
 
 PROTOCOL = "fscache"
@@ -399,12 +392,12 @@ def _join(parent: str, name: str) -> str:
 
 
 _OS_ERRORS: dict[type[FscacheError], tuple[type[OSError], int]] = {
-    NotFound: (FileNotFoundError, errno.ENOENT),
-    IsADirectory: (IsADirectoryError, errno.EISDIR),
-    NotADirectory: (NotADirectoryError, errno.ENOTDIR),
-    NotEmpty: (OSError, errno.ENOTEMPTY),
-    Exists: (FileExistsError, errno.EEXIST),
-    Conflict: (FileExistsError, errno.EEXIST),  # only exclusive creates name a version (0)
+    errors.NotFound: (FileNotFoundError, errno.ENOENT),
+    errors.IsADirectory: (IsADirectoryError, errno.EISDIR),
+    errors.NotADirectory: (NotADirectoryError, errno.ENOTDIR),
+    errors.NotEmpty: (OSError, errno.ENOTEMPTY),
+    errors.Exists: (FileExistsError, errno.EEXIST),
+    errors.Conflict: (FileExistsError, errno.EEXIST),  # only exclusive creates name a version (0)
 }
 
 
