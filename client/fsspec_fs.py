@@ -2,59 +2,75 @@
 
 Registered under the ``fscache`` protocol through the ``fsspec.specs`` entry point
 (``pip install 'fscache[fsspec]'``). Every instance wraps one blocking client and
-uses only its public operations, so reads of cached files are answered from the
-lease cache like any other read.
+uses only its public operations, so what the client caches under a lease (files,
+their chunks, directory listings) is answered from the cache here too.
 
 Theory of operation
 ===================
 
 Names.  As fsspec's conventions say: paths without the protocol and without
 leading or trailing ``/`` (``"docs/a.txt"``; the root is ``""``), and every
-listing entry is a dict with ``name``, ``size`` and ``type`` (``"file"`` or
-``"directory"``), plus the file's fscache ``version``.  There is no listing cache:
-every ``ls`` asks the server, so a listing is as fresh as a ``listdir``.
+listing entry is a dict with ``name``, ``size``, ``type`` (``"file"`` or
+``"directory"``) and the entry's fscache ``version``.  fsspec's own listing cache
+is not used: the client's listings are leased, so they are never stale.
 
-Directories follow the object-store convention (as s3fs's keys do): a directory
-exists while a file lies somewhere below it.  The server creates directories when
-a file is written under them and never removes them, so a directory with no file
-below it (left behind when its last file went) is hidden: ``ls``, ``info``,
-``exists``, ``find`` and ``walk`` do not show it.  ``mkdir`` and ``makedirs``
-create nothing (they refuse only a path that is a file), ``rmdir`` refuses a
-directory that still holds a file, and ``rm(..., recursive=True)`` deletes files;
-their directories vanish with them.  The fixture class of the abstract tests says
-``supports_empty_directories = False`` accordingly.
+Directories are the server's real directories.  ``mkdir``, ``makedirs`` and
+``rmdir`` create and remove them (``create_parents`` and ``exist_ok`` as in
+fsspec's local file system); an empty directory exists and is listed.  ``ls`` is
+one ``scandir`` (one request per directory, or none while its listing is leased:
+names, types, sizes and versions together); fsspec's ``walk``, ``find``, ``glob``
+and ``du`` are built on it unchanged.  ``info`` is one ``stat``.
+``rm(..., recursive=True)`` deletes the files and then the emptied directories,
+deepest first.
 
-Files.  ``open(path, "rb")`` is an fsspec buffered file whose ranges come from
-:meth:`FscacheFileSystem._read_range`, the one place that reads part of a file;
-``cat_file(path, start, end)`` uses it too.  ``"wb"`` buffers everything and writes
-the file whole on close (one durable, atomic write); ``"xb"`` does the same as a
-compare-and-set against version 0 (an absent file), so an exclusive create that
-loses a race raises ``FileExistsError`` instead of overwriting.
+Moves.  ``mv`` is the server's atomic rename, one per source: a file or a whole
+tree changes its name at once, in every cache.  Like the shell's ``mv``, a source
+moved onto an existing directory goes inside it under its own name; several
+sources (a list or a glob) go inside ``path2``.  A directory moves whole, so
+``recursive`` and ``maxdepth`` change nothing.  The destination's parent must
+exist.  ``cp_file`` streams the file through a temporary file (the server has no
+copy).
 
-Copies and moves.  ``cp_file`` reads through the client (under a lease) and writes.
-``mv`` copies and then deletes the source, so it is not atomic; it is the one
-method that turns into the server's rename once the protocol has one.
+Files.  ``open(path, "rb")`` is an fsspec buffered file whose ranges are ranged
+reads (:meth:`FscacheFileSystem._read_range`, the one place that reads part of
+a file); the client fetches only the chunks a range covers and caches them under
+the file's lease.  ``cat_file(path, start, end)`` is the same ranged read.
+``"wb"`` keeps up to a block in memory and spools the rest to an anonymous
+temporary file; on close the whole is uploaded in parts and replaces the file
+atomically (readers see the old or the new contents, never a mix).  ``"xb"`` does
+the same as a compare-and-set against version 0 (an absent file), so an exclusive
+create that loses a race raises ``FileExistsError`` instead of overwriting.
+``get_file`` streams into the local file (``read_into``); ``put_file`` streams
+from it.  A small write creates missing parent directories on the server; an
+upload needs its parent, so :meth:`FscacheFileSystem._write` creates it when the
+server says it is missing and sends again.
 
 Errors.  One boundary, :func:`_os_errors`, turns the client's errors into the
-``OSError`` subclasses fsspec's callers expect: ``FileNotFoundError``,
-``IsADirectoryError`` / ``NotADirectoryError`` (the server says ``IsADirectory``
-for both directions; the operation knows which one it meant), ``FileExistsError``
-for a lost exclusive create.
+``OSError`` subclasses fsspec's callers expect (the table :data:`_OS_ERRORS`).
+The server says ``IsADirectory`` for a write whose path is a directory and for one
+below a file; :meth:`FscacheFileSystem._write` tells the two apart.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import os
+import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 
 from fsspec import AbstractFileSystem
+from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.spec import AbstractBufferedFile
+from fsspec.utils import isfilelike
 
+from fscache import errors
+from fscache.cache import DirEntry
 from fscache.client.blocking import BlockingClient, connect
-from fscache.client.client import DEFAULT_PORT, parse_address
-from fscache.errors import Conflict, FscacheError, IsADirectory, NotFound
+from fscache.client.client import DEFAULT_PORT, Source, parse_address
+from fscache.errors import FscacheError
+from fscache.settings import CHUNK_SIZE
 
 PROTOCOL = "fscache"
 
@@ -94,133 +110,62 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     # ------------------------------------------------------------ listing
     def info(self, path: str, **kwargs: Any) -> Info:
         path = self._strip_protocol(path)
-        if not path:
-            return _directory(path)
         with _os_errors(path):
             st = self.client.stat(path)
-        if not st.is_dir:
-            return {"name": path, "size": st.size, "type": "file", "version": st.version}
-        if not self._holds_a_file(path):
-            raise FileNotFoundError(errno.ENOENT, "no file lies below this directory", path)
-        return _directory(path)
+        return _info(path, st.is_dir, st.size, st.version)
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         path = self._strip_protocol(path)
         try:
-            entries = self._below(path, maxdepth=1, sized=detail)
+            with _os_errors(path):
+                entries = self.client.scandir(path)
         except NotADirectoryError:  # a file lists itself
-            entries = {path: self.info(path)}
-        if entries is None:
-            if path:
-                raise FileNotFoundError(errno.ENOENT, "no file lies below this directory", path)
-            entries = {}
-        infos = sorted(entries.values(), key=lambda info: str(info["name"]))
-        return infos if detail else [info["name"] for info in infos]
-
-    def find(
-        self,
-        path: str,
-        maxdepth: int | None = None,
-        withdirs: bool = False,
-        detail: bool = False,
-        **kwargs: Any,
-    ) -> Any:
-        if maxdepth is not None and maxdepth < 1:
-            raise ValueError("maxdepth must be at least 1")
-        path = self._strip_protocol(path)
-        try:
-            entries = self._below(path, maxdepth, sized=detail) or {}
-        except NotADirectoryError:  # a file finds itself
-            entries = {path: self.info(path)}
-        except FileNotFoundError:
-            entries = {}
-        if withdirs and path and entries and path not in entries:
-            entries[path] = _directory(path)
-        found = {
-            name: entries[name]
-            for name in sorted(entries)
-            if withdirs or entries[name]["type"] == "file"
-        }
-        return found if detail else list(found)
-
-    def _below(self, path: str, maxdepth: int | None, *, sized: bool) -> dict[str, Info] | None:
-        """Every live entry below the directory ``path`` down to ``maxdepth`` levels
-        (None: all), or None if no file lies below it. ``FileNotFoundError`` if
-        ``path`` does not exist, ``NotADirectoryError`` if it is a file. Files are
-        stat'ed for their size and version only if ``sized``."""
-        entries: dict[str, Info] = {}
-        holds_a_file = False
-        for name in self._listdir(path):
-            full = _join(path, name.rstrip("/"))
-            if name.endswith("/"):
-                if maxdepth is None or maxdepth > 1:
-                    depth = None if maxdepth is None else maxdepth - 1
-                    below = self._below_or_none(full, depth, sized=sized)
-                    if below is None:
-                        continue
-                    entries.update(below)
-                elif not self._holds_a_file(full):
-                    continue
-                entries[full] = _directory(full)
-            elif not sized:
-                entries[full] = {"name": full, "type": "file"}
-            else:
-                try:
-                    entries[full] = self.info(full)
-                except FileNotFoundError:  # deleted since the listing
-                    continue
-            holds_a_file = True
-        return entries if holds_a_file else None
-
-    def _below_or_none(
-        self, path: str, maxdepth: int | None, *, sized: bool
-    ) -> dict[str, Info] | None:
-        """:meth:`_below` of a subdirectory, which may vanish or turn into a file
-        between its parent's listing and its own."""
-        try:
-            return self._below(path, maxdepth, sized=sized)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-
-    def _holds_a_file(self, path: str) -> bool:
-        """Whether a file lies somewhere below the directory ``path``: a depth-first
-        search that stops at the first file."""
-        try:
-            names = self._listdir(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return False
-        return any(
-            not name.endswith("/") or self._holds_a_file(_join(path, name[:-1])) for name in names
-        )
-
-    def _listdir(self, path: str) -> list[str]:
-        with _os_errors(path, is_a_directory=NotADirectoryError):
-            return self.client.listdir(path)
+            return [self.info(path) if detail else path]
+        if not detail:
+            return [_join(path, e.name) for e in entries]
+        return [_entry(path, e) for e in entries]
 
     # ------------------------------------------------------------ directories
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        self.makedirs(path, exist_ok=True)
+        path = self._strip_protocol(path)
+        if create_parents:
+            self.makedirs(path, exist_ok=False)
+            return
+        with _os_errors(path):
+            self.client.mkdir(path)
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
         path = self._strip_protocol(path)
-        if not path:
-            return
         try:
-            info = self.info(path)
-        except FileNotFoundError:
-            return  # nothing to create: the directory appears with its first file
-        if info["type"] == "file" or not exist_ok:
-            raise FileExistsError(errno.EEXIST, "it exists", path)
+            if not path:
+                raise FileExistsError(errno.EEXIST, "the root exists", path)
+            try:
+                with _os_errors(path):
+                    self.client.mkdir(path)
+            except FileNotFoundError:  # a parent is missing (or is a file)
+                self._make_parents(path)
+                with _os_errors(path):
+                    self.client.mkdir(path)
+        except FileExistsError:
+            if not exist_ok or not self.isdir(path):
+                raise
+
+    def _make_parents(self, path: str) -> None:
+        """Make every missing directory above ``path``: ``FileNotFoundError`` for a
+        path at the root (it has none to make), ``NotADirectoryError`` if one is a
+        file."""
+        above = self._parent(path)
+        if not above:
+            raise FileNotFoundError(errno.ENOENT, "it does not exist", path)
+        try:
+            self.makedirs(above, exist_ok=True)
+        except FileExistsError:
+            raise NotADirectoryError(errno.ENOTDIR, "a parent is a file", path) from None
 
     def rmdir(self, path: str) -> None:
         path = self._strip_protocol(path)
         with _os_errors(path):
-            is_dir = self.client.stat(path).is_dir
-        if not is_dir:
-            raise NotADirectoryError(errno.ENOTDIR, "it is a file", path)
-        if self._holds_a_file(path):
-            raise OSError(errno.ENOTEMPTY, "a file lies below this directory", path)
-        # Nothing below it: to fsspec it is gone already (see "Directories" above).
+            self.client.rmdir(path)
 
     # ------------------------------------------------------------ deleting
     def rm_file(self, path: str) -> None:
@@ -238,7 +183,55 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
             except IsADirectoryError:
                 if not recursive:
                     raise
-                # A directory has no existence of its own: it went with its files.
+                self.rmdir(name)  # emptied already: its entries sort after it
+
+    # ------------------------------------------------------------ moving and copying
+    def mv(
+        self,
+        path1: Any,
+        path2: Any,
+        recursive: bool = False,
+        maxdepth: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """One atomic rename per source (see "Moves" above)."""
+        if path1 == path2:
+            return
+        if isinstance(path1, list) and isinstance(path2, list):
+            pairs = list(zip(self._strip_protocol(path1), self._strip_protocol(path2), strict=True))
+        else:
+            target = self._strip_protocol(path2)
+            sources = self.expand_path(path1)
+            if (
+                isinstance(path1, str)
+                and len(sources) == 1
+                and sources[0] == self._strip_protocol(path1)
+            ):
+                if not (str(path2).endswith("/") or self.isdir(target)):
+                    self._mv_file(sources[0], target)
+                    return
+            else:
+                self.makedirs(target, exist_ok=True)
+            pairs = [(source, _join(target, source.rpartition("/")[2])) for source in sources]
+        for source, destination in pairs:
+            self._mv_file(source, destination)
+
+    def _mv_file(self, path1: str, path2: str) -> None:
+        """Rename ``path1`` to ``path2`` atomically (POSIX ``rename``)."""
+        with _os_errors(path1):
+            self.client.rename(path1, path2)
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        path1, path2 = self._strip_protocol(path1), self._strip_protocol(path2)
+        with tempfile.SpooledTemporaryFile(max_size=CHUNK_SIZE) as spool:
+            try:
+                with _os_errors(path1):
+                    self.client.read_into(path1, spool)
+            except IsADirectoryError:
+                self.makedirs(path2, exist_ok=True)
+                return
+            spool.seek(0)
+            self._write(path2, spool, exclusive=False)
 
     # ------------------------------------------------------------ reading and writing
     def cat_file(
@@ -250,22 +243,77 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         return self._read_range(path, start or 0, end)
 
     def _read_range(self, path: str, start: int, end: int | None) -> bytes:
-        """Bytes ``start`` up to ``end`` (None: to the end) of the file ``path``.
-
-        The whole file comes from the lease cache (one server read per lease term)
-        and is sliced; with ranged reads in the client this becomes one call of
-        ``self.client.read(path, offset=start, length=...)``."""
+        """Bytes ``start`` up to ``end`` (None: to the end) of the file ``path``: a
+        whole read when that is the whole file, else a ranged one."""
         with _os_errors(path):
-            return self.client.read(path)[start:end]
+            if start == 0 and end is None:
+                return self.client.read(path)
+            length = None if end is None else max(end - start, 0)
+            return self.client.read(path, offset=start, length=length)
+
+    def get_file(
+        self,
+        rpath: str,
+        lpath: Any,
+        callback: Callback = DEFAULT_CALLBACK,
+        outfile: IO[bytes] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Stream the file ``rpath`` into the local ``lpath`` (or ``outfile``)."""
+        rpath = self._strip_protocol(rpath)
+        if outfile is None and isfilelike(lpath):
+            outfile = lpath
+        info = self.info(rpath)
+        if info["type"] == "directory":
+            if outfile is None:
+                os.makedirs(lpath, exist_ok=True)
+            return
+        callback.set_size(info["size"])
+        with contextlib.ExitStack() as stack:
+            if outfile is None:
+                os.makedirs(os.path.dirname(lpath) or ".", exist_ok=True)
+                outfile = stack.enter_context(open(lpath, "wb"))
+            with _os_errors(rpath):
+                copied = self.client.read_into(rpath, outfile)
+        callback.relative_update(copied)
+
+    def put_file(
+        self,
+        lpath: Any,
+        rpath: str,
+        callback: Callback = DEFAULT_CALLBACK,
+        mode: str = "overwrite",
+        **kwargs: Any,
+    ) -> None:
+        """Stream the local file ``lpath`` to ``rpath``: one atomic replacement."""
+        rpath = self._strip_protocol(rpath)
+        if os.path.isdir(lpath):
+            self.makedirs(rpath, exist_ok=True)
+            return
+        with open(lpath, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            callback.set_size(size)
+            self._write(rpath, f, exclusive=mode == "create")
+        callback.relative_update(size)
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         self._write(self._strip_protocol(path), bytes(value), exclusive=mode == "create")
 
-    def _write(self, path: str, data: bytes, *, exclusive: bool) -> None:
-        """Write the file whole; ``exclusive``: only if no file is there yet."""
+    def _write(self, path: str, data: Source, *, exclusive: bool) -> None:
+        """Replace the file ``path`` with ``data`` (bytes, or a binary file read from
+        where it stands); ``exclusive``: only if no file is there yet. Makes the
+        missing parents an upload needs."""
+        start = None if isinstance(data, bytes | bytearray | memoryview) else data.tell()
         try:
-            with _os_errors(path):
-                self.client.write(path, data, if_version=0 if exclusive else None)
+            try:
+                with _os_errors(path):
+                    self.client.write(path, data, if_version=0 if exclusive else None)
+            except FileNotFoundError:  # an upload's parent is missing
+                self._make_parents(path)
+                if start is not None:
+                    data.seek(start)  # type: ignore[union-attr]
+                with _os_errors(path):
+                    self.client.write(path, data, if_version=0 if exclusive else None)
         except IsADirectoryError:  # the path is a directory, or a parent is a file
             try:
                 is_dir = self.client.stat(path).is_dir
@@ -274,31 +322,6 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
             if is_dir:
                 raise
             raise NotADirectoryError(errno.ENOTDIR, "a parent is a file", path) from None
-
-    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
-        path1, path2 = self._strip_protocol(path1), self._strip_protocol(path2)
-        try:
-            with _os_errors(path1):
-                data = self.client.read(path1)
-        except IsADirectoryError:
-            self.makedirs(path2, exist_ok=True)  # directories come with their files
-            return
-        self._write(path2, data, exclusive=False)
-
-    def mv(
-        self,
-        path1: Any,
-        path2: Any,
-        recursive: bool = False,
-        maxdepth: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        """Copy, then delete the source: not atomic. The one place to become the
-        server's atomic rename once the protocol has one."""
-        if path1 == path2:
-            return
-        self.copy(path1, path2, recursive=recursive, maxdepth=maxdepth, on_error="raise")
-        self.rm(path1, recursive=recursive)
 
     def _open(
         self,
@@ -327,39 +350,65 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
 class _File(AbstractBufferedFile):  # type: ignore[misc]
     """``rb``: reads ranges through the file system's one ranged read. ``wb``/``xb``:
-    keeps everything written and writes the file whole on close."""
+    spools each full block to a temporary file and uploads the whole on close."""
 
     fs: FscacheFileSystem
+    _spool: IO[bytes] | None = None
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         return self.fs._read_range(self.path, start, end)
 
     def _upload_chunk(self, final: bool = False) -> bool:
+        if self._spool is None and not final:
+            self._spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed after the upload)
+        if self._spool is not None:
+            with self.buffer.getbuffer() as block:
+                self._spool.write(block)
         if not final:
-            return False  # keep buffering: the write happens once, on close
-        self.fs._write(self.path, self.buffer.getvalue(), exclusive=self.mode == "xb")
+            return True
+        source: Source = self.buffer.getvalue() if self._spool is None else self._spool
+        try:
+            if self._spool is not None:
+                self._spool.seek(0)
+            self.fs._write(self.path, source, exclusive=self.mode == "xb")
+        finally:
+            if self._spool is not None:
+                self._spool.close()
         return True
 
 
-def _directory(path: str) -> Info:
-    return {"name": path, "size": 0, "type": "directory"}
+def _info(name: str, is_dir: bool, size: int, version: int) -> Info:
+    if is_dir:
+        return {"name": name, "size": 0, "type": "directory", "version": version}
+    return {"name": name, "size": size, "type": "file", "version": version}
+
+
+def _entry(parent: str, entry: DirEntry) -> Info:
+    return _info(_join(parent, entry.name), entry.is_dir, entry.size, entry.version)
 
 
 def _join(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name
 
 
+_OS_ERRORS: dict[type[FscacheError], tuple[type[OSError], int]] = {
+    errors.NotFound: (FileNotFoundError, errno.ENOENT),
+    errors.IsADirectory: (IsADirectoryError, errno.EISDIR),
+    errors.NotADirectory: (NotADirectoryError, errno.ENOTDIR),
+    errors.NotEmpty: (OSError, errno.ENOTEMPTY),
+    errors.Exists: (FileExistsError, errno.EEXIST),
+    errors.Conflict: (FileExistsError, errno.EEXIST),  # only exclusive creates name a version (0)
+}
+
+
 @contextlib.contextmanager
-def _os_errors(path: str, *, is_a_directory: type[OSError] = IsADirectoryError) -> Iterator[None]:
-    """The client's errors as the OSErrors fsspec's callers expect. The server says
-    ``IsADirectory`` for "a directory where a file was meant" and for the reverse;
-    the caller names the one its operation meant."""
+def _os_errors(path: str) -> Iterator[None]:
+    """The client's errors as the OSErrors fsspec's callers expect."""
     try:
         yield
-    except NotFound as exc:
-        raise FileNotFoundError(errno.ENOENT, str(exc), path) from None
-    except IsADirectory as exc:
-        code = errno.EISDIR if is_a_directory is IsADirectoryError else errno.ENOTDIR
-        raise is_a_directory(code, str(exc), path) from None
-    except Conflict as exc:  # only exclusive creates name a version (0: no file yet)
-        raise FileExistsError(errno.EEXIST, str(exc), path) from None
+    except FscacheError as exc:
+        mapped = _OS_ERRORS.get(type(exc))
+        if mapped is None:
+            raise
+        kind, code = mapped
+        raise kind(code, str(exc), path) from None

@@ -1,9 +1,10 @@
 """fsspec speaks fscache: ``fsspec.open("fscache://host:port/path")``.
 
 The conventions fsspec's own abstract tests do not pin down (those run in
-test_fsspec_abstract.py): listings of files, object-store directories, the error
-types, exclusive creates that lose a race, ranged reads answered from the lease
-cache. The file system is blocking, so each test drives it from a worker thread
+test_fsspec_abstract.py): listings, the server's own directories, one request
+per directory listed, atomic moves, the error types, exclusive creates that lose a
+race, ranged reads that fetch only what they cover, spooled writes, streamed get
+and put. The file system is blocking, so each test drives it from a worker thread
 while the server runs on the test's trio loop.
 """
 
@@ -18,6 +19,7 @@ import trio
 
 from fscache.client.fsspec_fs import FscacheFileSystem
 from fscache.server.service import ServerSettings, serve
+from fscache.settings import CHUNK_SIZE
 
 
 @pytest.fixture
@@ -100,39 +102,58 @@ async def test_listings_follow_fsspecs_conventions(address):
     await with_fs(address, use_it)
 
 
-async def test_a_directory_exists_while_a_file_lies_below_it(address, root):
+async def test_directories_are_the_servers_own(address, root):
     def use_it(fs: FscacheFileSystem) -> None:
-        fs.mkdir("made")  # object-store convention: nothing to make yet
-        fs.makedirs("made/deeper", exist_ok=False)
-        assert not fs.exists("made")
-        fs.pipe_file("made/deeper/f", b"x")
-        assert fs.isdir("made") and fs.isdir("made/deeper")
+        fs.mkdir("made/deeper")  # create_parents by default
+        assert (root / "made" / "deeper").is_dir()
+        assert fs.isdir("made/deeper") and fs.ls("made/deeper") == []
+        assert fs.ls("made", detail=False) == ["made/deeper"]
+        assert fs.find("", withdirs=True) == ["made", "made/deeper"]
         with pytest.raises(FileExistsError):
-            fs.makedirs("made")
-        fs.makedirs("made", exist_ok=True)
+            fs.mkdir("made")
+        with pytest.raises(FileNotFoundError):
+            fs.mkdir("absent/child", create_parents=False)
+        fs.mkdir("made/flat", create_parents=False)
+        fs.makedirs("made/deeper", exist_ok=True)
+        with pytest.raises(FileExistsError):
+            fs.makedirs("made/deeper")
+        fs.pipe_file("made/deeper/f", b"x")
         with pytest.raises(FileExistsError):
             fs.makedirs("made/deeper/f", exist_ok=True)
+        with pytest.raises(NotADirectoryError):
+            fs.makedirs("made/deeper/f/below", exist_ok=True)
+
         with pytest.raises(OSError) as not_empty:
-            fs.rmdir("made")
+            fs.rmdir("made/deeper")
         assert not_empty.value.errno == errno.ENOTEMPTY
         with pytest.raises(NotADirectoryError):
             fs.rmdir("made/deeper/f")
-
-        fs.rm_file("made/deeper/f")  # the server keeps the emptied directories ...
-        assert (root / "made" / "deeper").is_dir()
-        assert not fs.exists("made")  # ... fsspec does not see them
-        assert not fs.exists("made/deeper")
-        assert fs.ls("", detail=False) == []
-        assert fs.find("", withdirs=True) == []
-        fs.rmdir("made/deeper")
         with pytest.raises(FileNotFoundError):
             fs.rmdir("never")
+        fs.rm_file("made/deeper/f")
+        assert fs.exists("made/deeper")  # an emptied directory stays
+        fs.rmdir("made/deeper")
+        assert not (root / "made" / "deeper").exists()
 
         fs.pipe({"tree/a": b"", "tree/s/b": b"", "tree/s/t/c": b""})
+        fs.mkdir("tree/empty")
         with pytest.raises(IsADirectoryError):
             fs.rm("tree")
         fs.rm("tree", recursive=True)
-        assert not fs.exists("tree")
+        assert not fs.exists("tree") and not (root / "tree").exists()
+
+    await with_fs(address, use_it)
+
+
+async def test_a_listing_is_one_request_per_directory_and_stats_no_file(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe({f"d/{i}": b"x" * i for i in range(20)} | {"d/sub/a": b"a", "d/sub/b": b"bb"})
+        before = fs.client.server_stats()
+        found = fs.find("d", detail=True)
+        after = fs.client.server_stats()
+        assert len(found) == 22 and found["d/sub/b"]["size"] == 2
+        assert after["listings"] - before["listings"] == 2  # d and d/sub
+        assert after["reads"] == before["reads"]
 
     await with_fs(address, use_it)
 
@@ -199,13 +220,55 @@ async def test_ranged_reads_are_answered_from_the_lease_cache(address):
     await with_fs(address, use_it)
 
 
-async def test_large_writes_are_buffered_and_written_whole_on_close(address):
+async def test_a_ranged_read_fetches_only_the_chunks_it_covers(address, root):
+    data = bytes(range(251)) * (4 * CHUNK_SIZE // 251)  # four chunks, give or take
+    (root / "huge").write_bytes(data)  # written behind the server: no cache holds it
+
     def use_it(fs: FscacheFileSystem) -> None:
-        with fs.open("whole", "wb", block_size=10) as f:
-            for _ in range(10):
-                f.write(b"0123456789")
-            assert not fs.exists("whole")  # nothing reaches the server before close
-        assert fs.cat_file("whole") == b"0123456789" * 10
+        before = fs.client.server_stats()["range_reads"]
+        at = 2 * CHUNK_SIZE + 10
+        with fs.open("huge", "rb", block_size=1000, cache_type="none") as f:
+            f.seek(at)
+            assert f.read(100) == data[at : at + 100]
+        assert fs.cat_file("huge", start=at, end=at + 5) == data[at : at + 5]  # leased now
+        assert fs.client.server_stats()["range_reads"] - before == 1
+
+    await with_fs(address, use_it)
+
+
+async def test_writes_are_spooled_and_replace_the_file_whole_on_close(address, root):
+    def use_it(fs: FscacheFileSystem) -> None:
+        block = bytes(range(256)) * 4096  # 1 MiB
+        fs.pipe_file("whole", b"old")
+        with fs.open("whole", "wb", block_size=CHUNK_SIZE) as f:
+            for _ in range(3):
+                f.write(block)
+                assert len(f.buffer.getbuffer()) < CHUNK_SIZE  # full blocks left memory
+            assert fs.cat_file("whole") == b"old"  # nothing replaces it before close
+        assert fs.cat_file("whole") == block * 3
+        assert fs.client.server_stats()["uploads"] == 1
+
+        with fs.open("new/dirs/small", "wb", block_size=10) as f:
+            f.write(b"0123456789" * 10)
+        assert fs.cat_file("new/dirs/small") == b"0123456789" * 10
+        with fs.open("other/dirs/large", "wb") as f:  # an upload: its parents are made
+            f.write(block * 2)
+        assert (root / "other" / "dirs" / "large").read_bytes() == block * 2
+
+    await with_fs(address, use_it)
+
+
+async def test_get_and_put_stream_files_and_make_directories(address, tmp_path):
+    def use_it(fs: FscacheFileSystem) -> None:
+        data = bytes(range(256)) * (3 * CHUNK_SIZE // 256 + 7)
+        (tmp_path / "local").mkdir()
+        (tmp_path / "local" / "empty").mkdir()
+        (tmp_path / "local" / "big").write_bytes(data)
+        fs.put(str(tmp_path / "local"), "up/", recursive=True)
+        assert fs.find("up", withdirs=True) == ["up", "up/local", "up/local/big", "up/local/empty"]
+        fs.get("up/local", str(tmp_path / "down"), recursive=True)
+        assert (tmp_path / "down" / "big").read_bytes() == data
+        assert (tmp_path / "down" / "empty").is_dir()
 
     await with_fs(address, use_it)
 
@@ -215,11 +278,27 @@ async def test_copy_and_move_files_and_trees(address):
         fs.pipe({"src/a": b"a", "src/s/b": b"b"})
         fs.cp_file("src/a", "copy/a")
         assert fs.cat_file("copy/a") == b"a"
-        fs.mv("src", "moved", recursive=True)
+        before = fs.client.server_stats()
+        fs.mv("src", "moved")
+        after = fs.client.server_stats()
+        assert after["renames"] - before["renames"] == 1  # the whole tree at once
+        assert after["writes"] == before["writes"] and after["reads"] == before["reads"]
         assert not fs.exists("src")
         assert fs.find("moved") == ["moved/a", "moved/s/b"]
         assert fs.cat_file("moved/s/b") == b"b"
         fs.mv("moved/a", "moved/renamed")
         assert fs.find("moved") == ["moved/renamed", "moved/s/b"]
+        fs.mv("moved/renamed", "copy/a")  # replaces the file there
+        assert fs.cat_file("copy/a") == b"a" and not fs.exists("moved/renamed")
+        fs.mv("copy", "moved")  # onto a directory: inside it
+        assert fs.find("moved") == ["moved/copy/a", "moved/s/b"]
+        fs.mv("moved/*", "flat")  # a glob: each source inside the target
+        assert fs.ls("flat", detail=False) == ["flat/copy", "flat/s"]
+        fs.mv(["flat/copy/a", "flat/s/b"], ["x", "y"])
+        assert fs.cat(["x", "y"]) == {"x": b"a", "y": b"b"}
+        with pytest.raises(FileNotFoundError):
+            fs.mv("x", "no/parent/x")  # as rename(2): the parent must exist
+        with pytest.raises(FileNotFoundError):
+            fs.mv("absent", "elsewhere")
 
     await with_fs(address, use_it)

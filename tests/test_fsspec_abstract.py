@@ -2,8 +2,8 @@
 
 One server process for the module (a fresh root), one file system on it, and a
 fresh directory per test, so the tests share nothing they can see. Directories
-follow the object-store convention (see ``fscache/client/fsspec_fs.py``), so the
-suite runs with ``supports_empty_directories`` false.
+are the server's own, so an empty one exists: ``supports_empty_directories`` is
+true.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class FscacheFixtures(abstract.AbstractFixtures):  # type: ignore[misc]
 
     @pytest.fixture
     def supports_empty_directories(self) -> bool:
-        return False
+        return True
 
 
 class TestFscacheCopy(abstract.AbstractCopyTests, FscacheFixtures):  # type: ignore[misc]
