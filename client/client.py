@@ -102,6 +102,24 @@ class _Changed(Exception):
     """The file changed between two chunks of one read (their versions differ)."""
 
 
+@dataclasses.dataclass(slots=True)
+class ClientCounters:
+    """What a client counts besides its hits (kept apart: a hit is the hot path);
+    :attr:`Client.stats` reports each field under its name."""
+
+    misses: int = 0
+    not_modified: int = 0
+    reads_shared: int = 0
+    writes: int = 0
+    deletes: int = 0
+    approvals: int = 0
+    relinquished: int = 0
+    reconnects: int = 0
+    unavailable: int = 0
+    extensions: int = 0
+    stale_extensions: int = 0
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class StatResult:
     path: str
@@ -245,14 +263,7 @@ class Client:
         # before the approval is sent, and with each evicted path before its lease is
         # given back: the mount clears the kernel's copy here.
         self.before_approval: list[Callable[[str], Awaitable[None]]] = []
-        self._counters: dict[str, int] = dict.fromkeys(
-            (
-                "misses", "not_modified", "reads_shared", "writes", "deletes",
-                "approvals", "relinquished", "evictions", "reconnects", "unavailable",
-                "extensions", "stale_extensions",
-            ),
-            0,
-        )  # fmt: skip
+        self._counters = ClientCounters()
 
     # ------------------------------------------------------------ public API
     async def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
@@ -328,7 +339,7 @@ class Client:
         link = await self._current_link()
         if len(data) > link.welcome.max_frame - 1024:
             raise TooLarge(f"{len(data)} bytes is over the server's limit")
-        self._counters["writes"] += 1
+        self._counters.writes += 1
         reply = await self._call(
             link,
             lambda i: self._void_own_copies(
@@ -345,7 +356,7 @@ class Client:
         """Send the parts ``next_part`` gives as an upload: begin, parts (IN_FLIGHT at
         most), commit; abort on any error or cancellation before the commit's reply."""
         link = await self._current_link()
-        self._counters["writes"] += 1
+        self._counters.writes += 1
         begin = await self._start(link, _Request(path), lambda i: p.UploadBegin(id=i, path=path))
         upload = begin.id
         try:
@@ -394,7 +405,7 @@ class Client:
             raise ValueError("offset must be >= 0")
         next_part = _parts(data)
         link = await self._current_link()
-        self._counters["writes"] += 1
+        self._counters.writes += 1
         version = None
         first = True
         while (part := await next_part()) or first:
@@ -422,7 +433,7 @@ class Client:
         path = normalize(path)
         if size < 0:
             raise ValueError("size must be >= 0")
-        self._counters["writes"] += 1
+        self._counters.writes += 1
         link = await self._current_link()
         reply = await self._call(
             link,
@@ -476,7 +487,7 @@ class Client:
         if listing is not None:
             self._hits += 1
             return list(listing.entries)
-        self._counters["misses"] += 1
+        self._counters.misses += 1
         cached = self._cache.get_listing(key)
         request = _Request(key)
         if cached is not None:
@@ -492,7 +503,7 @@ class Client:
 
     async def delete(self, path: str, *, if_version: int | None = None) -> None:
         path = normalize(path)
-        self._counters["deletes"] += 1
+        self._counters.deletes += 1
         link = await self._current_link()
         await self._call(
             link,
@@ -546,7 +557,7 @@ class Client:
             self._cache.drop(path)
         if not normal:
             return
-        self._counters["relinquished"] += len(normal)
+        self._counters.relinquished += len(normal)
         link = await self._current_link()
         await self._call(link, lambda i: self._relinquish_message(i, normal))
 
@@ -575,7 +586,10 @@ class Client:
             ok = term is not None and self._cache.extend(
                 name, cached[name].version, term, request.sent_at
             )
-            self._counters["extensions" if ok else "stale_extensions"] += 1
+            if ok:
+                self._counters.extensions += 1
+            else:
+                self._counters.stale_extensions += 1
             if not ok:
                 self._cache.drop(name)
             result[name] = ok
@@ -615,10 +629,10 @@ class Client:
     def stats(self) -> Mapping[str, int | float]:
         """Client-side counters: hits, misses, ... (a snapshot)."""
         hits = self._hits
-        lookups = hits + self._counters["misses"]
+        lookups = hits + self._counters.misses
         return {
             "hits": hits,
-            **self._counters,
+            **dataclasses.asdict(self._counters),
             "evictions": self._cache.evictions,
             "cached_entries": len(self._cache),
             "cached_bytes": self._cache.nbytes,
@@ -652,10 +666,10 @@ class Client:
 
     async def _read_whole(self, path: str) -> bytes | p.Chunk:
         entry = self._cache.get(path)
-        self._counters["misses"] += 1
+        self._counters.misses += 1
         shared = self._inflight.get(path)
         if shared is not None:
-            self._counters["reads_shared"] += 1
+            self._counters.reads_shared += 1
             await shared.done.wait()
             if shared.error is None or isinstance(shared.error, FscacheError):
                 return self._read_result(shared)
@@ -779,7 +793,7 @@ class Client:
         return self._chunk_result(request)
 
     async def _start_chunk(self, link: _Link, path: str, index: int) -> _Request:
-        self._counters["misses"] += 1
+        self._counters.misses += 1
         request = _Request(path)
         cached, chunks = self._cache.chunk(path, index), self._cache.chunks(path)
         if cached is not None and chunks is not None:  # revalidate: costs no data
@@ -875,7 +889,7 @@ class Client:
                     if type(message) is p.ApprovalRequest:
                         self._cache.drop(message.path)  # drop first ...
                         self._inflight.pop(message.path, None)  # (no reader joins an older answer)
-                        self._counters["approvals"] += 1
+                        self._counters.approvals += 1
                         for hook in self.before_approval:  # e.g. the mount's kernel cache
                             await hook(message.path)
                         await link.send(
@@ -929,7 +943,7 @@ class Client:
                     sent_at=request.sent_at,
                 )
         elif isinstance(reply, p.NotModified):
-            self._counters["not_modified"] += 1
+            self._counters.not_modified += 1
             if request.have != reply.version:  # also None: not a revalidating read
                 request.reply = None  # a server bug; fail safe rather than guess
                 request.error = ProtocolError("not-modified for a version not asked about")
@@ -1019,7 +1033,7 @@ class Client:
                     await trio.sleep(backoff)
                     backoff = min(backoff * 2, BACKOFF_MAX)
                     continue
-                self._counters["reconnects"] += 1
+                self._counters.reconnects += 1
             backoff = BACKOFF_FIRST
             await self._serve_link(*connection)
             connection = None
@@ -1115,7 +1129,7 @@ class Client:
         raise self._unavailable("not connected")
 
     def _unavailable(self, why: str) -> Unavailable:
-        self._counters["unavailable"] += 1
+        self._counters.unavailable += 1
         return Unavailable(f"{self.address}: {why}")
 
     async def aclose(self) -> None:

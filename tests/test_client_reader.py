@@ -15,7 +15,7 @@ import trio.testing
 
 import fscache
 from fscache import protocol as p
-from fscache.client.client import Client
+from fscache.client.client import Client, ClientCounters
 
 from .harness import RawPeer
 
@@ -140,3 +140,11 @@ async def test_a_connection_closed_while_a_request_waits_fails_it_as_unavailable
     async with open_scripted() as c:
         with pytest.raises(fscache.Unavailable, match="connection lost"):
             await c.read("f")
+
+
+def test_a_misspelt_client_counter_is_an_error() -> None:
+    """Counters are a slotted dataclass: a typo fails (and mypy names it), never a new key."""
+    counters = ClientCounters()
+    counters.misses += 1
+    with pytest.raises(AttributeError):
+        counters.mises += 1  # type: ignore[attr-defined]
