@@ -26,9 +26,10 @@ fraction, a decimal, a regular expression, a bignum, a datetime, a shared refere
 ...) are outside the protocol and are refused before cbor2 sees the frame: a scan of
 the frame's heads (:func:`_refuse_tags`) steps over byte and text strings by their
 length, so it costs a few steps even for a 16 MiB data frame, and cbor2 never builds
-what a tag names. Bytes after the map, bytes that are not CBOR, or a frame longer than the maximum raise
-:class:`ProtocolError` (or :class:`TooLarge`) and nothing else: :func:`decode_message`
-is the one place where the codec's own exceptions become ours.
+what a tag names. Bytes after the map, bytes that are not CBOR, or a frame longer
+than the maximum raise :class:`ProtocolError` (or :class:`TooLarge`) and nothing
+else: :func:`decode_message` is the one place where the codec's own exceptions
+become ours.
 
 The read path -- :class:`Read` from the client on every miss, :class:`Data` or
 :class:`NotModified` back, and :class:`Written` for a write -- has hand-written codecs
@@ -640,8 +641,10 @@ def _schema(cls: type[Message]) -> _Schema:
     for field, setter in zip(dataclasses.fields(cls), _slot_setters(cls), strict=True):
         required = field.default is dataclasses.MISSING
         later = dict(field.metadata) == _LEFT_OUT_AT_DEFAULT
-        if not required and not later and (
-            field.default is not None or _nullable(hints[field.name]) is None
+        if (
+            not required
+            and not later
+            and (field.default is not None or _nullable(hints[field.name]) is None)
         ):
             raise TypeError(f"{cls.__name__}.{field.name}: an optional field defaults to None")
         default = None if required else field.default
@@ -684,7 +687,7 @@ def _check_body(body: Any) -> Message:
 
 
 _TAG = 6  # CBOR's major type 6: a tag, whose meaning the decoder builds (RFC 8949, 3.4)
-_MAJOR_BYTES, _MAJOR_TEXT = 2, 3
+_STRINGS = (2, 3)  # major types 2 and 3: byte and text strings, skipped by length
 _INDEFINITE = 31  # a string, array or map of chunks or items up to a break (0xff)
 _ARGUMENT_SIZE = {24: 1, 25: 2, 26: 4, 27: 8}  # additional info: bytes of argument
 
@@ -715,7 +718,7 @@ def _refuse_tags(payload: bytes) -> None:
                 raise ProtocolError(f"frame is not valid CBOR: reserved head at byte {pos - 1}")
             length = int.from_bytes(payload[pos : pos + size], "big")
             pos += size
-        if major == _MAJOR_BYTES or major == _MAJOR_TEXT:
+        if major in _STRINGS:
             pos += length
 
 
