@@ -44,12 +44,20 @@ async def ask(peer: RawPeer, message: p.Message) -> p.Message | None:
     return await peer.receive()
 
 
-async def silent_holder(cluster: Cluster, path: str = "f") -> tuple[RawPeer, float]:
-    """A holder of ``path`` that will answer nothing more, and when its lease ends."""
+async def writes_behind_a_silent_holder(
+    cluster: Cluster, *writes: p.Message
+) -> tuple[RawPeer, RawPeer, float]:
+    """``writes`` (and any other frames) sent on one connection, pipelined, to ``f``
+    held by a client that answers nothing more: that holder, the writer, and when the
+    holder's lease ends."""
+    await seed(cluster)
     holder = await cluster.raw("silent")
     granted_at = trio.current_time()
-    assert isinstance(await holder.read(path), p.Data)
-    return holder, granted_at + TERM + SKEW
+    assert isinstance(await holder.read("f"), p.Data)
+    writer = await cluster.raw("writer")
+    for message in writes:
+        await writer.send(message)
+    return holder, writer, granted_at + TERM + SKEW
 
 
 # ---------------------------------------------------------------- connections
@@ -96,11 +104,8 @@ async def test_a_write_beyond_the_pending_bytes_limit_is_refused_at_once(
     nursery, root, autojump_clock
 ):
     cluster = await started(nursery, root, max_pending_write_bytes=2500)
-    await seed(cluster)
-    holder, expiry = await silent_holder(cluster)
-    writer = await cluster.raw("writer")
-    for i in (1, 2, 3):
-        await writer.send(p.Write(id=i, path="f", data=bytes(1000)))
+    writes = [p.Write(id=i, path="f", data=bytes(1000)) for i in (1, 2, 3)]
+    holder, writer, expiry = await writes_behind_a_silent_holder(cluster, *writes)
 
     refused = await writer.receive()
     assert trio.current_time() == at(0.0)  # not held: answered on arrival
@@ -119,17 +124,16 @@ async def test_at_the_in_flight_cap_the_server_stops_reading_the_connection(
     nursery, root, autojump_clock
 ):
     cluster = await started(nursery, root, max_in_flight=2)
-    await seed(cluster)
-    holder, expiry = await silent_holder(cluster)
-    writer = await cluster.raw("writer")
-    for i in (1, 2, 3):
-        await writer.send(p.Write(id=i, path="f", data=b"x"))
-    await writer.send(p.Ping(id=4))
+    writes = [p.Write(id=i, path="f", data=b"x") for i in (1, 2, 3)]
+    holder, writer, expiry = await writes_behind_a_silent_holder(cluster, *writes, p.Ping(id=4))
 
-    replies = [await writer.receive() for _ in range(4)]
-    assert trio.current_time() == at(expiry)  # nothing was refused: the ping waited
-    assert [type(r) for r in replies] == [p.Written, p.Written, p.Written, p.Done]
-    assert [r.id for r in replies if r is not None] == [1, 2, 3, 4]
+    answered: dict[int, tuple[type[p.Message], float]] = {}
+    while len(answered) < 4:
+        reply = await writer.receive()
+        assert reply is not None and hasattr(reply, "id")
+        answered[reply.id] = (type(reply), trio.current_time())
+    assert answered[4] == (p.Done, at(expiry))  # not read until the first two were answered
+    assert all(answered[i][0] is p.Written for i in (1, 2, 3))  # nothing refused
     other = await cluster.raw("other")  # other connections were never slowed
     assert isinstance(await other.read("f"), p.Data)
     await holder.close()
