@@ -272,6 +272,23 @@ def test_tag_bytes_inside_strings_are_data_and_a_big_frame_decodes():
     assert p.decode_message(frame[p.HEADER.size :]) == message
 
 
+@pytest.mark.parametrize(
+    "frame",
+    [
+        p.read_frame(7, "docs/a.txt"),
+        p.data_frame(7, 1_700_000_000_000_000_000, 10.0, b"x" * 100),
+        p.encode(p.NotModified(id=7, version=1_700_000_000_000_000_000, term=10.0)),
+        p.encode(p.Written(id=7, version=1_700_000_000_000_000_000, term=10.0)),
+    ],
+)
+def test_the_read_path_decodes_without_the_tag_scan(monkeypatch, frame):
+    def scanned(_: bytes) -> None:
+        raise AssertionError("the read path ran the tag scan")
+
+    monkeypatch.setattr(p, "_refuse_tags", scanned)
+    assert p.decode_message(frame[p.HEADER.size :]).id == 7  # type: ignore[attr-defined]
+
+
 # ---------------------------------------------------------------- listings
 async def test_a_directory_of_20000_names_lists_fully_in_pages(nursery, root, autojump_clock):
     cluster = await started(nursery, root)
