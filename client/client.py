@@ -51,6 +51,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from functools import partial
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
@@ -76,6 +77,7 @@ from fscache.settings import (
     DEFAULT_MAX_FRAME,
     DEFAULT_PORT,
     DEFAULT_SKEW,
+    MAX_PATHS,
     check_duration,
 )
 from fscache.tls import is_auth_failure
@@ -545,10 +547,16 @@ class Client:
         listing = self._cache.lookup_listing(dir_key(path), self._clock())
         if listing is not None:
             return [e.name + "/" if e.is_dir else e.name for e in listing.entries]
-        link = await self._current_link()
-        reply = await self._call(link, lambda i: p.ListDir(id=i, path=path))
-        assert isinstance(reply, p.Listing)
-        return reply.names
+        names: list[str] = []
+        after: str | None = None
+        while True:  # one page per request; the server says when there is more
+            link = await self._current_link()
+            reply = await self._call(link, partial(p.ListDir, path=path, after=after))
+            assert isinstance(reply, p.Listing)
+            names += reply.names
+            if not reply.more or not reply.names:
+                return names
+            after = reply.names[-1]
 
     async def relinquish(self, *paths: str) -> None:
         """Drop ``paths`` from the cache and give their leases back to the server."""
@@ -558,8 +566,10 @@ class Client:
         if not normal:
             return
         self._counters.relinquished += len(normal)
-        link = await self._current_link()
-        await self._call(link, lambda i: self._relinquish_message(i, normal))
+        for start in range(0, len(normal), MAX_PATHS):  # the server takes MAX_PATHS a message
+            batch = normal[start : start + MAX_PATHS]
+            link = await self._current_link()
+            await self._call(link, partial(self._relinquish_message, paths=batch))
 
     def _relinquish_message(self, request_id: int, paths: list[str]) -> p.Relinquish:
         for path in paths:
@@ -574,25 +584,27 @@ class Client:
         result = dict.fromkeys(entries, False)
         if not cached:
             return result
-        link = await self._current_link()
-        names = list(cached)
-        request = await self._call_request(
-            link,
-            lambda i: p.Extend(id=i, paths=names, versions=[cached[n].version for n in names]),
-        )
-        reply = request.reply
-        assert isinstance(reply, p.Extended)
-        for name, term in zip(names, reply.terms, strict=False):
-            ok = term is not None and self._cache.extend(
-                name, cached[name].version, term, request.sent_at
+        every = list(cached)
+        for start in range(0, len(every), MAX_PATHS):  # the server takes MAX_PATHS a message
+            names = every[start : start + MAX_PATHS]
+            link = await self._current_link()
+            versions = [cached[n].version for n in names]
+            request = await self._call_request(
+                link, partial(p.Extend, paths=names, versions=versions)
             )
-            if ok:
-                self._counters.extensions += 1
-            else:
-                self._counters.stale_extensions += 1
-            if not ok:
-                self._cache.drop(name)
-            result[name] = ok
+            reply = request.reply
+            assert isinstance(reply, p.Extended)
+            for name, term in zip(names, reply.terms, strict=False):
+                ok = term is not None and self._cache.extend(
+                    name, cached[name].version, term, request.sent_at
+                )
+                if ok:
+                    self._counters.extensions += 1
+                else:
+                    self._counters.stale_extensions += 1
+                if not ok:
+                    self._cache.drop(name)
+                result[name] = ok
         return result
 
     async def server_stats(self) -> dict[str, Any]:

@@ -308,6 +308,10 @@ class LeaseTable:
             1 for held in self._leases.values() for exp in held.values() if now < exp + self.skew
         )
 
+    def leases_held(self, holder: HolderId) -> int:
+        """How many keys ``holder`` has a lease on (expired ones until they are purged)."""
+        return len(self._held.get(holder, ()))
+
     def pending_writes(self) -> int:
         return len({id(op) for q in self._queues.values() for op in q if op.is_write})
 

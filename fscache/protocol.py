@@ -21,11 +21,15 @@ the dataclass fields): no other key than ``t`` and the fields; every field witho
 default present; each value of exactly its annotated type (an int is not a bool; a
 float field takes an int and makes it a float, and refuses inf and nan, which would
 make a cache trust its copy forever; an int fits CBOR's 64-bit range); a list's items
-and the free-form counters map checked all the way down, so that whatever cbor2 makes
-of a CBOR tag (datetime, set, bignum, shared reference ...) is refused. Bytes after the
-map, bytes that are not CBOR, or a frame longer than the maximum raise
-:class:`ProtocolError` (or :class:`TooLarge`) and nothing else: :func:`decode_message`
-is the one place where the codec's own exceptions become ours.
+and the free-form counters map checked all the way down. CBOR tags (major type 6: a
+fraction, a decimal, a regular expression, a bignum, a datetime, a shared reference
+...) are outside the protocol and are refused before cbor2 sees the frame: a scan of
+the frame's heads (:func:`_refuse_tags`) steps over byte and text strings by their
+length, so it costs a few steps even for a 16 MiB data frame, and cbor2 never builds
+what a tag names. Bytes after the map, bytes that are not CBOR, or a frame longer
+than the maximum raise :class:`ProtocolError` (or :class:`TooLarge`) and nothing
+else: :func:`decode_message` is the one place where the codec's own exceptions
+become ours.
 
 The read path -- :class:`Read` from the client on every miss, :class:`Data` or
 :class:`NotModified` back, and :class:`Written` for a write -- has hand-written codecs
@@ -54,7 +58,7 @@ import struct
 import types
 import typing
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar
 
 import cbor2
 
@@ -68,6 +72,17 @@ HEADER = struct.Struct(">I")
 @dataclasses.dataclass(frozen=True, slots=True)
 class Message:
     TYPE: ClassVar[str] = ""
+
+
+# A field added to a message after its first release is left out of the frame while
+# it holds its default, so the message's bytes stay what they were; a frame without it
+# decodes to the default.
+_LEFT_OUT_AT_DEFAULT = {"wire": "left out at default"}
+
+
+def _later() -> Any:
+    """An optional field added later: None, and then not in the frame."""
+    return dataclasses.field(default=None, metadata=_LEFT_OUT_AT_DEFAULT)
 
 
 # ---------------------------------------------------------------- client to server
@@ -121,9 +136,13 @@ class Stat(Message):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ListDir(Message):
+    """List directory ``path``: the names after ``after`` (all when None), one page of
+    :class:`Listing` at a time."""
+
     TYPE: ClassVar[str] = "listdir"
     id: int
     path: str
+    after: str | None = _later()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -235,9 +254,12 @@ class StatResult(Message):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Listing(Message):
+    """One page of a directory's sorted names; ``more``: ask again ``after`` the last."""
+
     TYPE: ClassVar[str] = "listing"
     id: int
     names: list[str]
+    more: bool = dataclasses.field(default=False, metadata=_LEFT_OUT_AT_DEFAULT)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -390,6 +412,7 @@ class ScanDir(Message):
     id: int
     path: str
     have: int | None = None
+    after: str | None = _later()
 
 
 # ------------------------------------------------ server to client: names, directories, ranges
@@ -410,7 +433,8 @@ class Chunk(Message):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Entries(Message):
     """A directory's listing at ``version`` under a lease of ``term`` on it; parallel
-    arrays sorted by name."""
+    arrays sorted by name. One page of it: ``more`` says ask again ``after`` the last
+    name (and expect the same ``version``, else the directory changed between pages)."""
 
     TYPE: ClassVar[str] = "entries"
     id: int
@@ -420,6 +444,7 @@ class Entries(Message):
     dirs: list[bool]
     sizes: list[int]
     versions: list[int]
+    more: bool = dataclasses.field(default=False, metadata=_LEFT_OUT_AT_DEFAULT)
 
 
 CLIENT_MESSAGES: tuple[type[Message], ...] = (
@@ -607,8 +632,10 @@ _new = object.__new__
 class _Field:
     name: str
     check: Check
-    required: bool  # else optional, and None when left out
+    required: bool  # else optional, and its default when left out
     set: Setter
+    default: Any = None
+    left_out_at_default: bool = False  # a later field: not written while at its default
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -625,9 +652,16 @@ def _schema(cls: type[Message]) -> _Schema:
     fields = []
     for field, setter in zip(dataclasses.fields(cls), _slot_setters(cls), strict=True):
         required = field.default is dataclasses.MISSING
-        if not required and (field.default is not None or _nullable(hints[field.name]) is None):
+        later = dict(field.metadata) == _LEFT_OUT_AT_DEFAULT
+        if (
+            not required
+            and not later
+            and (field.default is not None or _nullable(hints[field.name]) is None)
+        ):
             raise TypeError(f"{cls.__name__}.{field.name}: an optional field defaults to None")
-        fields.append(_Field(field.name, _check_for(hints[field.name]), required, setter))
+        default = None if required else field.default
+        check = _check_for(hints[field.name])
+        fields.append(_Field(field.name, check, required, setter, default, later))
     return _Schema(cls, tuple(fields), tuple(f.name for f in fields))
 
 
@@ -656,7 +690,7 @@ def _check_body(body: Any) -> Message:
         elif field.required:
             raise ProtocolError(f"{kind}: missing field {field.name!r}")
         else:
-            value = None
+            value = field.default
         field.set(message, value)
     if present != len(body):
         extra = body.keys() - {"t", *schema.names}
@@ -664,18 +698,48 @@ def _check_body(body: Any) -> Message:
     return message
 
 
-def _reject_tag(*_: Any) -> NoReturn:
-    """The tag hook, called for the tags cbor2 does not decode itself. (cbor2 5 passes
-    ``(decoder, tag)``, cbor2 6 ``(tag, immutable)`` and wraps what the hook raises in
-    an error naming the tag: either way the frame is refused.)"""
-    raise ProtocolError("CBOR tags are not allowed")
+_TAG = 6  # CBOR's major type 6: a tag, whose meaning the decoder builds (RFC 8949, 3.4)
+_STRINGS = (2, 3)  # major types 2 and 3: byte and text strings, skipped by length
+_INDEFINITE = 31  # a string, array or map of chunks or items up to a break (0xff)
+_ARGUMENT_SIZE = {24: 1, 25: 2, 26: 4, 27: 8}  # additional info: bytes of argument
+
+
+def _refuse_tags(payload: bytes) -> None:
+    """Raise :class:`ProtocolError` if any data item in ``payload`` is a tag, before
+    anything decodes it. CBOR is a prefix code of heads: each head is followed by its
+    argument and, for a byte or text string, by that many bytes, which are skipped
+    unread; the items of an array or a map are just the heads that follow. So one walk
+    over the heads meets every tag, however deeply nested. Malformed or truncated CBOR
+    is left for cbor2 to refuse."""
+    end = len(payload)
+    pos = 0
+    while pos < end:
+        head = payload[pos]
+        major = head >> 5
+        if major == _TAG:
+            raise ProtocolError(f"CBOR tags are not allowed (a tag at byte {pos})")
+        info = head & 0x1F
+        pos += 1
+        if info < 24:
+            length = info
+        elif info == _INDEFINITE:
+            continue
+        else:
+            size = _ARGUMENT_SIZE.get(info)
+            if size is None:
+                raise ProtocolError(f"frame is not valid CBOR: reserved head at byte {pos - 1}")
+            length = int.from_bytes(payload[pos : pos + size], "big")
+            pos += size
+        if major in _STRINGS:
+            pos += length
 
 
 def _decode_generic(payload: bytes) -> Message:
     """The message in ``payload`` by cbor2 and the field checks: what every frame means."""
+    _refuse_tags(payload)
     stream = io.BytesIO(payload)
     try:
-        body = cbor2.load(stream, tag_hook=_reject_tag)
+        body = cbor2.load(stream)
     except ProtocolError:
         raise
     except Exception as exc:  # cbor2 raises several types, and RecursionError on deep nesting
@@ -695,8 +759,10 @@ def _frame(payload: bytes) -> bytes:
 def _encode_generic(message: Message) -> bytes:
     """The frame of ``message`` written by cbor2: a map of ``t``, then the fields."""
     body: dict[str, Any] = {"t": message.TYPE}
-    for name in _SCHEMA_OF[type(message)].names:
-        body[name] = getattr(message, name)
+    for field in _SCHEMA_OF[type(message)].fields:
+        value = getattr(message, field.name)
+        if not (field.left_out_at_default and value == field.default):
+            body[field.name] = value
     return _frame(cbor2.dumps(body))
 
 

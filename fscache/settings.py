@@ -20,6 +20,18 @@ DEFAULT_MAX_FRAME = 16 * 1024 * 1024  # bytes: the largest frame either end acce
 CHUNK_SIZE = 1 << 20  # bytes: one ranged read's reply, one upload part (1 MiB)
 DEFAULT_HOT_WRITES = 3  # writes within one term that make a file write-shared (term 0)
 
+# Limits: no one frame, connection or client can take the server's memory or its event
+# loop from the rest. Each error that enforces one names it.
+MAX_CONNECTIONS = 1024  # open connections, server-wide (each holds buffers and descriptors)
+MAX_CONNECTIONS_PER_IDENTITY = 256  # of one identity (every plain-TCP client is "anonymous")
+MAX_IN_FLIGHT = 64  # requests one connection has waiting; at it, its socket is not read
+MAX_PENDING_WRITE_BYTES = 64 * 1024 * 1024  # bytes of one connection's waiting writes
+MAX_LEASES_PER_HOLDER = 65536  # beyond it a read is served with term 0: no lease, no cache
+MAX_PATHS = 256  # paths in one extend or relinquish: an extend stats each on the event loop
+FRAME_TIMEOUT = 30.0  # seconds a begun frame may take to arrive whole
+LISTING_PAGE_ENTRIES = 4096  # names in one listing page (a scandir page stats each)
+LISTING_PAGE_BYTES = 1024 * 1024  # bytes of names in one listing page
+
 
 class BadSetting(FscacheError, ValueError):
     """A setting out of its range; the message names the setting."""

@@ -60,7 +60,8 @@ import math
 import secrets
 import signal
 import ssl
-from collections import deque
+from bisect import bisect_right
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any, ClassVar
@@ -97,6 +98,15 @@ from fscache.settings import (
     DEFAULT_PORT,
     DEFAULT_SKEW,
     DEFAULT_TERM,
+    FRAME_TIMEOUT,
+    LISTING_PAGE_BYTES,
+    LISTING_PAGE_ENTRIES,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IDENTITY,
+    MAX_IN_FLIGHT,
+    MAX_LEASES_PER_HOLDER,
+    MAX_PATHS,
+    MAX_PENDING_WRITE_BYTES,
     BadSetting,
     check_duration,
 )
@@ -131,6 +141,13 @@ class ServerSettings:
     access_file: str | None = None  # TOML rules (fscache.access); reloaded on SIGHUP
     shared: bool = False  # files and directories the store makes: group-readable, not private
     session_ttl: float | None = None  # a detached session's life; None: default_ttl
+    # limits (fscache.settings says why each default)
+    max_connections: int = MAX_CONNECTIONS
+    max_connections_per_identity: int = MAX_CONNECTIONS_PER_IDENTITY
+    max_in_flight: int = MAX_IN_FLIGHT
+    max_pending_write_bytes: int = MAX_PENDING_WRITE_BYTES
+    max_leases_per_holder: int = MAX_LEASES_PER_HOLDER
+    frame_timeout: float = FRAME_TIMEOUT
 
     def __post_init__(self) -> None:
         self.term = check_duration("term", self.term)
@@ -143,10 +160,23 @@ class ServerSettings:
             raise BadSetting(f"hot_writes must be >= 0, not {self.hot_writes}")
         if self.max_frame < 1024:
             raise BadSetting(f"max_frame must be at least 1024 bytes, not {self.max_frame}")
+        self.frame_timeout = check_duration("frame_timeout", self.frame_timeout)
+        for limit in _LIMITS:
+            if getattr(self, limit) < 1:
+                raise BadSetting(f"{limit} must be at least 1, not {getattr(self, limit)}")
 
     @property
     def max_file_size(self) -> int:
         return self.max_frame - 1024  # room for the reply's other fields
+
+
+_LIMITS = (
+    "max_connections",
+    "max_connections_per_identity",
+    "max_in_flight",
+    "max_pending_write_bytes",
+    "max_leases_per_holder",
+)
 
 
 # ---------------------------------------------------------------- restart window
@@ -315,6 +345,8 @@ class Counters:
     errors: int = 0
     connections_total: int = 0
     connections_dropped: int = 0
+    connections_refused: int = 0  # beyond max_connections or max_connections_per_identity
+    reads_over_lease_limit: int = 0  # served with term 0: the holder had max_leases_per_holder
     protocol_errors: int = 0
     range_reads: int = 0
     listings: int = 0
@@ -339,6 +371,9 @@ class Connection:
     part: p.UploadPart | None = None  # for the receive loop to write before it reads on
     identity: str = ANONYMOUS  # the name on the client's certificate (fscache.access)
     attachment: int = 0  # its number in the session table
+    in_flight: int = 0  # requests the lease table holds (queued reads, waiting writes)
+    pending_bytes: int = 0  # bytes of data in this connection's waiting writes
+    slot_freed: trio.Event = dataclasses.field(default_factory=trio.Event)
 
     def send(self, message: p.Message) -> None:
         self.send_frame(p.encode(message))
@@ -369,15 +404,37 @@ class _Pending:
     apply: Callable[[], int | None] | None = None
     version: int = 0
     not_durable: NotDurable | None = None  # applied, visible, maybe not on disk: an error
+    nbytes: int = 0  # the request's data held in memory until it is answered
 
 
 _NOTHING_TO_CACHE = (p.Delete, p.MkDir, p.RmDir)  # answered Done; the writer's lease goes
+
+
+def _check_paths(message: p.Extend | p.Relinquish) -> None:
+    if len(message.paths) > MAX_PATHS:
+        raise ProtocolError(
+            f"{message.TYPE} names {len(message.paths)} paths, over the limit MAX_PATHS="
+            f"{MAX_PATHS}: send them in several messages"
+        )
 
 
 def _directory(key: str) -> str:
     """The directory whose name set the directory key ``key`` stands for (``docs/``:
     ``docs``; ``/``: the root, ``""``)."""
     return key[:-1]
+
+
+def _page(names: list[str], after: str | None) -> tuple[int, int]:
+    """The slice ``[start, stop)`` of the sorted ``names`` that makes the page after the
+    name ``after``: at most LISTING_PAGE_ENTRIES names or LISTING_PAGE_BYTES of them."""
+    start = 0 if after is None else bisect_right(names, after)
+    stop = min(len(names), start + LISTING_PAGE_ENTRIES)
+    size = 0
+    for i in range(start, stop):
+        size += len(names[i]) + 32  # the name's head, and an entry's other fields
+        if size > LISTING_PAGE_BYTES and i > start:
+            return start, i
+    return start, stop
 
 
 # ---------------------------------------------------------------- the service
@@ -416,6 +473,9 @@ class FileService:
             prefix=self.epoch,
         )
         self.connections: dict[HolderId, Connection] = {}  # by session
+        self._open = 0  # connections accepted and not yet closed (in handshake too)
+        self._max_leases = settings.max_leases_per_holder
+        self._by_identity: Counter[str] = Counter()  # connections past the hello
         self._pending: dict[OpId, _Pending] = {}
         self._next_op = 0
         self._nursery: trio.Nursery | None = None
@@ -514,9 +574,13 @@ class FileService:
         self.counters.connections_total += 1
         decoder = p.FrameDecoder(self.settings.max_frame)
         wire = wire_for(stream)
+        self._open += 1
         try:
             try:
-                hello = await self._handshake(wire, decoder, peer)
+                if self._open > self.settings.max_connections:
+                    await self._refuse_connection(wire, peer, "max_connections", self._open - 1)
+                    return
+                hello = await self._handshake(wire, decoder, peer, stream)
                 if hello is None:
                     return
                 identity = _identity(stream)
@@ -528,8 +592,30 @@ class FileService:
             log.debug("%s: %s", peer, lost.exceptions[0])
         except* Exception:  # a bug must cost one connection, never the server
             log.exception("%s: internal error; connection closed", peer)
+        finally:
+            self._open -= 1
 
-    async def _handshake(self, wire: Wire, decoder: p.FrameDecoder, peer: str) -> p.Hello | None:
+    async def _refuse_connection(self, wire: Wire, peer: str, limit: str, count: int) -> None:
+        """Tell a connection beyond ``limit`` why it is closed; the others are untouched."""
+        log.warning("%s: %s connections open, the limit %s; refused", peer, count, limit)
+        self.counters.connections_refused += 1
+        error = Unavailable(f"the server is at its limit {limit}={count} connections; try later")
+        with trio.move_on_after(HANDSHAKE_TIMEOUT):
+            await _send_quietly(wire, p.Error(id=None, code=error.code, message=str(error)))
+
+    def _admit(self, identity: str) -> None:
+        """Refuse a connection of ``identity`` beyond max_connections_per_identity."""
+        limit = self.settings.max_connections_per_identity
+        if self._by_identity[identity] >= limit:
+            self.counters.connections_refused += 1
+            raise Unavailable(
+                f"{identity!r} has {limit} connections open, the limit "
+                f"max_connections_per_identity; try later"
+            )
+
+    async def _handshake(
+        self, wire: Wire, decoder: p.FrameDecoder, peer: str, stream: trio.abc.Stream
+    ) -> p.Hello | None:
         with trio.move_on_after(HANDSHAKE_TIMEOUT), _transport_errors():
             try:
                 while (message := decoder.next_message()) is None:
@@ -552,8 +638,9 @@ class FileService:
                     raise ProtocolError("session must be at most 256 characters")
                 if message.secret is not None and len(message.secret) > MAX_SECRET:
                     raise ProtocolError(f"secret must be at most {MAX_SECRET} bytes")
+                self._admit(_identity(stream))
             except FscacheError as exc:
-                self.counters.protocol_errors += 1
+                self.counters.protocol_errors += not isinstance(exc, Unavailable)
                 await _send_quietly(wire, p.Error(id=None, code=exc.code, message=str(exc)))
                 return None
             return message
@@ -613,6 +700,7 @@ class FileService:
                 previous.alive = False
                 previous.cancel.cancel()
             self.connections[holder] = connection
+            self._by_identity[identity] += 1
             connection.send(self._welcome(attached, secret))
             log.debug("%s: client %s connected, session %s", peer, hello.client_id, holder)
             try:
@@ -625,6 +713,7 @@ class FileService:
                     outbox.close()  # flush what is queued, then the sender ends
                     watchdog.cancel()
             finally:
+                self._by_identity[identity] -= 1
                 connection.alive = False
                 outbox.close()
                 for upload in connection.uploads.values():  # never committed: removed
@@ -680,25 +769,44 @@ class FileService:
     ) -> None:
         outbox = connection.outbox
         received_with_hello = True  # frames may have come in the hello's packet
+        received_at = frame_began = trio.current_time()  # frame_began: the buffered frame's
+        max_in_flight = self.settings.max_in_flight
+        frame_timeout = self.settings.frame_timeout
         while not connection.goodbye:
             if not received_with_hello:
-                data = await wire.receive()
+                if decoder.buffered:  # a frame has begun: it must arrive whole in time
+                    with trio.move_on_at(frame_began + frame_timeout) as late:
+                        data = await wire.receive()
+                    if late.cancelled_caught:
+                        self._close_for(connection, ProtocolError(
+                            f"a frame begun {frame_timeout} s ago has not arrived whole"
+                            " (the limit frame_timeout)"
+                        ))  # fmt: skip
+                        return
+                else:
+                    data = await wire.receive()
                 if not data:
                     return
+                received_at = trio.current_time()
+                if not decoder.buffered:
+                    frame_began = received_at
                 decoder.feed(data)
             received_with_hello = False
             outbox.batching = True
             try:
                 while (message := decoder.next_message()) is not None:
+                    frame_began = received_at  # what is left began in the last receive
                     self._dispatch(connection, message)
                     if connection.part is not None:
                         await self._write_part(connection)
+                        received_at = trio.current_time()  # the socket was not read meanwhile
                     if connection.goodbye:
                         return
+                    if connection.in_flight >= max_in_flight:
+                        await self._wait_for_a_slot(connection)
+                        received_at = trio.current_time()
             except (ProtocolError, TooLarge) as exc:
-                self.counters.protocol_errors += 1
-                log.info("%s: %s; closing", connection.peer, exc)
-                connection.send(p.Error(id=None, code=exc.code, message=str(exc)))
+                self._close_for(connection, exc)
                 return
             finally:
                 outbox.batching = False
@@ -707,6 +815,38 @@ class FileService:
             if not sent:
                 await outbox.flush()
             self.store.settle()  # close and cache what the batch read, now the replies are out
+
+    def _close_for(self, connection: Connection, exc: FscacheError) -> None:
+        """End the connection for ``exc``, a fault of its own, saying why."""
+        self.counters.protocol_errors += 1
+        log.info("%s: %s; closing", connection.peer, exc)
+        connection.send(p.Error(id=None, code=exc.code, message=str(exc)))
+
+    async def _wait_for_a_slot(self, connection: Connection) -> None:
+        """Backpressure: at max_in_flight the connection's socket is not read until one
+        of its held requests is answered. Its replies so far go out first."""
+        await connection.outbox.flush()
+        while connection.in_flight >= self.settings.max_in_flight:
+            await connection.slot_freed.wait()
+            connection.slot_freed = trio.Event()
+        connection.outbox.batching = True
+
+    def _hold(self, op: OpId, pending: _Pending) -> None:
+        """The lease table holds ``pending`` (a queued read, a waiting write) as ``op``."""
+        self._pending[op] = pending
+        connection = pending.connection
+        connection.in_flight += 1
+        connection.pending_bytes += pending.nbytes
+
+    def _release(self, op: OpId) -> _Pending | None:
+        """``op`` is answered or dropped: its connection may send more."""
+        pending = self._pending.pop(op, None)
+        if pending is not None:
+            connection = pending.connection
+            connection.in_flight -= 1
+            connection.pending_bytes -= pending.nbytes
+            connection.slot_freed.set()
+        return pending
 
     # ------------------------------------------------------------ requests
     def _dispatch(self, connection: Connection, message: p.Message) -> None:
@@ -735,9 +875,11 @@ class FileService:
         op = self._new_op()
         term = self.table.read(op, connection.holder, path, trio.current_time())
         if term is not None:  # granted at once, the common case
+            if term and self.table.leases_held(connection.holder) > self._max_leases:
+                term = self._beyond_lease_limit(connection, path)
             self._serve_read(connection, message, path, term)
         else:  # queued behind a write: served by _execute when granted
-            self._pending[op] = _Pending(connection, message)
+            self._hold(op, _Pending(connection, message))
         # The lease may sweep earlier than the timer is set for: the receive loop
         # checks once per batch (_deadline_may_have_moved), before any await.
 
@@ -762,7 +904,7 @@ class FileService:
         if term is not None:
             self._serve_granted(connection, message, key, term)
         else:
-            self._pending[op] = _Pending(connection, message)
+            self._hold(op, _Pending(connection, message))
 
     def _on_write(self, connection: Connection, message: p.Write) -> None:
         self.counters.writes += 1
@@ -830,9 +972,17 @@ class FileService:
         footprint: Footprint,
         apply: Callable[[], int | None],
     ) -> None:
-        """Queue ``message`` in the lease table; ``apply`` runs once the table allows it."""
+        """Queue ``message`` in the lease table; ``apply`` runs once the table allows it.
+        Its data counts against the connection's max_pending_write_bytes until answered."""
+        nbytes = len(message.data) if isinstance(message, p.Write | p.WriteRange) else 0
+        limit = self.settings.max_pending_write_bytes
+        if nbytes and connection.pending_bytes + nbytes > limit:
+            raise TooLarge(
+                f"{connection.pending_bytes} bytes of this connection's writes are waiting;"
+                f" {nbytes} more is over the limit max_pending_write_bytes={limit}"
+            )
         op = self._new_op()
-        self._pending[op] = _Pending(connection, message, apply)
+        self._hold(op, _Pending(connection, message, apply, nbytes=nbytes))
         self._execute(self.table.write(op, connection.holder, footprint, trio.current_time()))
 
     def _file_write_keys(self, path: str, *, makes_parents: bool = False) -> Footprint:
@@ -943,10 +1093,15 @@ class FileService:
 
     def _on_listdir(self, connection: Connection, message: p.ListDir) -> None:
         names = self.store.listdir(normalize(message.path, allow_root=True))
-        connection.send(p.Listing(id=message.id, names=names))
+        plain = [name.removesuffix("/") for name in names]  # sorted so; a directory ends in /
+        after = None if message.after is None else message.after.removesuffix("/")
+        start, stop = _page(plain, after)
+        page = names[start:stop]
+        connection.send(p.Listing(id=message.id, names=page, more=stop < len(names)))
 
     def _on_relinquish(self, connection: Connection, message: p.Relinquish) -> None:
         self.counters.relinquish_requests += 1
+        _check_paths(message)
         keys = [normalize_key(key) for key in message.paths]
         self._execute(self.table.relinquish(connection.holder, keys, trio.current_time()))
         connection.send(p.Done(id=message.id))
@@ -954,6 +1109,7 @@ class FileService:
     def _on_extend(self, connection: Connection, message: p.Extend) -> None:
         if len(message.paths) != len(message.versions):
             raise ProtocolError("extend: paths and versions differ in length")
+        _check_paths(message)
         self.counters.extend_requests += 1
         self.counters.extend_paths += len(message.paths)
         items = []
@@ -1020,7 +1176,8 @@ class FileService:
     def _execute(self, effects: list[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, Grant):
-                pending = self._pending.pop(effect.op)
+                pending = self._release(effect.op)
+                assert pending is not None
                 request = pending.request
                 assert isinstance(request, _LeasedRead)
                 self._serve_granted(pending.connection, request, effect.path, effect.term)
@@ -1034,13 +1191,14 @@ class FileService:
             elif isinstance(effect, WriteCommitted):
                 self._write_committed(effect)
             elif isinstance(effect, Discarded):
-                self._pending.pop(effect.op, None)
+                self._release(effect.op)
         self._deadline_may_have_moved()  # even with no effects: a write may now wait
 
     def _write_committed(self, effect: WriteCommitted) -> None:
         """Answer an applied write. The writer keeps its lease on the name it wrote only
         when it has a file's contents to cache."""
-        pending = self._pending.pop(effect.op)
+        pending = self._release(effect.op)
+        assert pending is not None
         request = pending.request
         term = effect.term
         if pending.not_durable is not None:  # the writer knows no version: nothing to cache
@@ -1057,9 +1215,18 @@ class FileService:
         if term != effect.term or isinstance(request, _NOTHING_TO_CACHE):
             self._execute(self.table.relinquish(effect.holder, [effect.path], trio.current_time()))
 
+    def _beyond_lease_limit(self, connection: Connection, key: str) -> float:
+        """The holder has more than max_leases_per_holder leases with the one just
+        granted on ``key``: end that one, and serve the read with term 0 (not cached)."""
+        self.counters.reads_over_lease_limit += 1
+        self._execute(self.table.relinquish(connection.holder, [key], trio.current_time()))
+        return 0.0
+
     def _serve_granted(
         self, connection: Connection, request: _LeasedRead, key: str, term: float
     ) -> None:
+        if term and self.table.leases_held(connection.holder) > self._max_leases:
+            term = self._beyond_lease_limit(connection, key)
         if isinstance(request, p.Read):
             self._serve_read(connection, request, key, term)
         elif isinstance(request, p.ReadRange):
@@ -1110,13 +1277,17 @@ class FileService:
             return
         if self._not_modified(connection, request, version, term):
             return
+        names = [name for name, _, _, _ in entries]
+        start, stop = _page(names, request.after)
+        page = entries[start:stop]
         connection.send(
             p.Entries(
                 request.id, version, term,
-                names=[name for name, _, _, _ in entries],
-                dirs=[is_dir for _, is_dir, _, _ in entries],
-                sizes=[size for _, _, size, _ in entries],
-                versions=[entry_version for _, _, _, entry_version in entries],
+                names=names[start:stop],
+                dirs=[is_dir for _, is_dir, _, _ in page],
+                sizes=[size for _, _, size, _ in page],
+                versions=[entry_version for _, _, _, entry_version in page],
+                more=stop < len(entries),
             )
         )  # fmt: skip
 
@@ -1161,7 +1332,7 @@ class FileService:
             if ok:
                 self.counters.writes_applied += 1
             else:
-                self._pending.pop(effect.op, None)
+                self._release(effect.op)
             self._execute(self.table.write_done(effect.op, trio.current_time(), ok=ok))
             self.store.settle()
 

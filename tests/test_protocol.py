@@ -431,8 +431,13 @@ FIELD_NAMES = sorted({f.name for cls in ALL_MESSAGES for f in dataclasses.fields
 
 
 def body_of(message: Message) -> dict[str, Any]:
-    fields = dataclasses.fields(message)
+    fields = [f for f in dataclasses.fields(message) if not _left_out(message, f)]
     return {"t": message.TYPE, **{f.name: getattr(message, f.name) for f in fields}}
+
+
+def _left_out(message: Message, field: dataclasses.Field[Any]) -> bool:
+    """A field added later is not written while it holds its default."""
+    return bool(field.metadata) and getattr(message, field.name) == field.default
 
 
 @st.composite
