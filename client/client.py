@@ -141,6 +141,9 @@ class _Request:
     have: int | None = None  # a revalidating read: the version it names ...
     data: bytes = b""  # ... and the cached data of that version
     entries: tuple[DirEntry, ...] = ()  # (a revalidating scandir: the cached listing)
+    # A later page of a listing: the entries of the pages before it, and their version.
+    earlier: tuple[DirEntry, ...] = ()
+    earlier_version: int | None = None
     size: int = 0  # (a revalidating chunk read: the file's size at that version)
     id: int = 0
     reply: p.Message | None = None
@@ -490,18 +493,37 @@ class Client:
             self._hits += 1
             return list(listing.entries)
         self._counters.misses += 1
+        for _ in range(READ_ATTEMPTS):
+            entries = await self._scan_pages(path, key)
+            if entries is not None:
+                return list(entries)
+        raise Conflict(f"{path or '/'} kept changing while it was listed")
+
+    async def _scan_pages(self, path: str, key: str) -> tuple[DirEntry, ...] | None:
+        """Every page of the listing of ``path``, all of one version (None if the
+        directory changed between pages). The whole listing is cached as the reader
+        handles its last page, so an approval request read after it drops it."""
         cached = self._cache.get_listing(key)
-        request = _Request(key)
-        if cached is not None:
-            request.have = cached.version
-            request.entries = cached.entries
-        link = await self._current_link()
-        have = request.have
-        await self._send_request(link, request, lambda i: p.ScanDir(id=i, path=path, have=have))
-        reply = request.reply
-        if isinstance(reply, p.Entries):
-            return list(_dir_entries(reply))
-        return list(request.entries)
+        earlier: tuple[DirEntry, ...] = ()
+        version: int | None = None
+        after: str | None = None
+        while True:
+            request = _Request(key)
+            if after is None and cached is not None:  # revalidate: costs no entries
+                request.have, request.entries = cached.version, cached.entries
+            request.earlier, request.earlier_version = earlier, version
+            link = await self._current_link()
+            page = partial(p.ScanDir, path=path, have=request.have, after=after)
+            await self._send_request(link, request, page)  # page(id): the id comes first
+            reply = request.reply
+            if not isinstance(reply, p.Entries):
+                return request.entries  # not modified: the cached listing is current
+            if version is not None and reply.version != version:
+                return None
+            version, earlier = reply.version, earlier + _dir_entries(reply)
+            if not reply.more or not reply.names:
+                return earlier
+            after = reply.names[-1]
 
     async def delete(self, path: str, *, if_version: int | None = None) -> None:
         path = normalize(path)
@@ -972,10 +994,10 @@ class Client:
                     request.path, request.data, reply.version, reply.term, request.sent_at
                 )
         elif type(reply) is p.Entries:
-            if may_cache:
-                self._cache.store_listing(
-                    path, _dir_entries(reply), reply.version, reply.term, request.sent_at
-                )
+            whole = not reply.more and request.earlier_version in (None, reply.version)
+            if may_cache and whole:
+                entries = request.earlier + _dir_entries(reply)
+                self._cache.store_listing(path, entries, reply.version, reply.term, request.sent_at)
         elif isinstance(reply, p.Written) and isinstance(sent, p.Write):
             if may_cache:
                 evicted = self._cache.store(

@@ -301,6 +301,11 @@ async def test_a_directory_of_20000_names_lists_fully_in_pages(nursery, root, au
 
     async with cluster.client("c") as client:
         assert await client.listdir("big") == [*names, "sub/"]
+        entries = await client.scandir("big")  # every page, then cached whole
+        assert [e.name for e in entries] == [*names, "sub"] and entries[-1].is_dir
+        misses = client.stats["misses"]
+        assert await client.scandir("big") == entries
+        assert client.stats["misses"] == misses  # the whole listing was a hit
 
     peer = await cluster.raw("peer")
     pages: list[p.Entries] = []
