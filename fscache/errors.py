@@ -79,6 +79,14 @@ class Exists(FscacheError):
     code = "exists"
 
 
+class NotDurable(FscacheError):
+    """A change is visible in the tree, but making it durable failed (the directory
+    fsync after a rename, the fsync after an in-place write): it may or may not
+    survive a crash. The old contents are gone; no one may go on trusting them."""
+
+    code = "not_durable"
+
+
 _BY_CODE: dict[str, type[FscacheError]] = {
     cls.code: cls
     for cls in (
@@ -94,6 +102,7 @@ _BY_CODE: dict[str, type[FscacheError]] = {
         NotADirectory,
         NotEmpty,
         Exists,
+        NotDurable,
     )
 }
 

@@ -71,7 +71,14 @@ import trio
 from fscache import names
 from fscache import protocol as p
 from fscache.access import ANONYMOUS, Access, AccessRules, BadAccessFile, describe, parse
-from fscache.errors import FscacheError, ProtocolError, TooLarge, Unauthorized, Unavailable
+from fscache.errors import (
+    FscacheError,
+    NotDurable,
+    ProtocolError,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
 from fscache.leases import (
     AdaptiveTermPolicy,
     ApplyWrite,
@@ -88,7 +95,7 @@ from fscache.leases import (
 )
 from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize, normalize_key
-from fscache.server.store import Facts, NotDurable, Store, Upload
+from fscache.server.store import Facts, Store, Upload
 from fscache.sessions import Attached, SessionTable, default_ttl
 from fscache.settings import (
     CHUNK_SIZE,

@@ -236,6 +236,7 @@ from fscache.errors import (
     FscacheError,
     IsADirectory,
     NotADirectory,
+    NotDurable,
     NotEmpty,
     NotFound,
     ProtocolError,
@@ -243,18 +244,12 @@ from fscache.errors import (
 )
 from fscache.paths import RESERVED_PREFIX, is_reserved
 
-__all__ = ["LOCK_FILE", "TEMP_PREFIX", "Facts", "NotDurable", "Store", "Upload"]
+__all__ = ["LOCK_FILE", "TEMP_PREFIX", "Facts", "Store", "Upload"]
 
 LOCK_FILE = "lock"
 """In the state directory: held locked (``flock``) by the one store serving the root."""
 TEMP_PREFIX = RESERVED_PREFIX + "-tmp-"
 """Name prefix of the store's temp files; anything with it is garbage after a crash."""
-
-
-class NotDurable(FscacheError):
-    """A change is visible in the tree, but making it durable failed (the directory
-    fsync after a rename, the fsync after an in-place write): it may or may not
-    survive a crash. The old contents are gone; no one may go on trusting them."""
 
 
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture

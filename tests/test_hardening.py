@@ -27,7 +27,8 @@ from fscache.client.client import open_client
 from fscache.errors import BadPath, FscacheError
 from fscache.paths import normalize, normalize_key
 from fscache.server.service import ServerSettings
-from fscache.server.store import LOCK_FILE, TEMP_PREFIX, NotDurable, Store
+from fscache.errors import NotDurable
+from fscache.server.store import LOCK_FILE, TEMP_PREFIX, Store
 
 from .harness import Cluster, RawPeer
 from .test_faults import running_server
@@ -232,7 +233,7 @@ async def test_a_write_that_may_not_be_durable_leaves_no_lease_on_the_old_conten
         await writer.send(p.Write(id=2, path="f", data=b"new"))
         reply = await writer.receive()
         monkeypatch.undo()
-        assert isinstance(reply, p.Error), reply
+        assert isinstance(reply, p.Error) and reply.code == "not_durable", reply
         assert "may or may not be durable" in reply.message
         assert await reader.read("f") == b"new"  # the reader's copy was dropped
         # Had the writer kept its lease on the old contents, this write would wait
