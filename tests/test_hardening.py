@@ -24,10 +24,9 @@ import trio
 
 from fscache import protocol as p
 from fscache.client.client import open_client
-from fscache.errors import BadPath, FscacheError
+from fscache.errors import BadPath, FscacheError, NotDurable
 from fscache.paths import normalize, normalize_key
 from fscache.server.service import ServerSettings
-from fscache.errors import NotDurable
 from fscache.server.store import LOCK_FILE, TEMP_PREFIX, Store
 
 from .harness import Cluster, RawPeer
