@@ -691,6 +691,8 @@ class Client:
         if offset < 0 or (length is not None and length < 0):
             raise ValueError("offset and length must be >= 0")
         whole = offset == 0 and length is None
+        if length is not None and 0 < length < CHUNK_SIZE and path not in self._cache.entries:
+            return await self._read_range(path, offset, length)
         if (not whole and path not in self._cache.entries) or path in self._cache.files:
             return await self._read_chunked(path, offset, length, None)
         result = await self._read_whole(path)
@@ -738,6 +740,50 @@ class Client:
         assert isinstance(reply, p.NotModified)
         return request.data
 
+    async def _read_range(self, path: str, offset: int, length: int) -> bytes:
+        """Bytes ``[offset, offset + length)`` of ``path`` (less than one chunk): from
+        the cached pieces of the chunks it touches, else exactly that range from the
+        server, cached as those chunks' pieces (see :mod:`fscache.cache`)."""
+        chunks = self._cache.chunks(path)
+        if chunks is not None:
+            trusted = self._clock() < chunks.expiry
+            cached = self._cached_range(path, offset, min(offset + length, chunks.size), trusted)
+            if cached is not None and trusted:
+                self._hits += 1
+                return cached
+        else:
+            cached = None
+        self._counters.misses += 1
+        request = _Request(path)
+        if cached is not None and chunks is not None:  # revalidate: costs no data
+            request.have, request.data, request.size = chunks.version, cached, chunks.size
+        have = request.have
+        link = await self._current_link()
+        await self._start(
+            link,
+            request,
+            lambda i: p.ReadRange(id=i, path=path, offset=offset, length=length, have=have),
+        )
+        await self._finish(link, request)
+        return self._chunk_result(request)[0]
+
+    def _cached_range(self, path: str, offset: int, end: int, trusted: bool) -> bytes | None:
+        """Bytes ``[offset, end)`` of ``path`` if cached pieces hold them all (trusted
+        ones only if ``trusted``), else None."""
+        now = self._clock()
+        parts = []
+        for index in range(offset // CHUNK_SIZE, max(end - 1, offset) // CHUNK_SIZE + 1):
+            base = index * CHUNK_SIZE
+            lo, hi = max(offset - base, 0), max(min(end - base, CHUNK_SIZE), 0)
+            if trusted:
+                entry = self._cache.lookup_chunk(path, index, now, lo, hi)
+            else:
+                entry = self._cache.chunk(path, index, lo, hi)
+            if entry is None:
+                return None
+            parts.append(entry.data[lo - entry.start : hi - entry.start])
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
     async def _read_chunked(
         self, path: str, offset: int, length: int | None, first: p.Chunk | None
     ) -> bytes:
@@ -784,8 +830,12 @@ class Client:
         if end <= offset:
             return 0
         link = await self._current_link()
-        pending: deque[tuple[int, bytes | _Request]] = deque()
+        pending: deque[tuple[int, bytes | _Request]] = deque()  # chunk, its bytes to hand over
         copied = 0
+
+        def bounds(index: int) -> tuple[int, int]:  # what is handed over of chunk ``index``
+            base = index * CHUNK_SIZE
+            return max(offset - base, 0), min(end - base, CHUNK_SIZE)
 
         async def hand_over() -> None:
             nonlocal copied
@@ -796,23 +846,22 @@ class Client:
                 if got_version != version:
                     self._cache.drop(path)
                     raise _Changed
-            else:
-                data = got
-            start = index * CHUNK_SIZE
-            piece = data[max(offset - start, 0) : end - start]
-            copied += len(piece)
-            await sink(piece)
+                lo, hi = bounds(index)
+                got = data[lo:hi]
+            copied += len(got)
+            await sink(got)
 
         for index in range(offset // CHUNK_SIZE, (end - 1) // CHUNK_SIZE + 1):
             if len(pending) >= IN_FLIGHT:
                 await hand_over()
+            lo, hi = bounds(index)
             if index in known:
-                pending.append((index, known.pop(index)))
+                pending.append((index, known.pop(index)[lo:hi]))
                 continue
-            entry = self._cache.lookup_chunk(path, index, self._clock())
+            entry = self._cache.lookup_chunk(path, index, self._clock(), lo, hi)
             if entry is not None and entry.version == version:
                 self._hits += 1
-                pending.append((index, entry.data))
+                pending.append((index, entry.data[lo - entry.start : hi - entry.start]))
                 continue
             pending.append((index, await self._start_chunk(link, path, index)))
         while pending:
@@ -827,9 +876,15 @@ class Client:
         return self._chunk_result(request)
 
     async def _start_chunk(self, link: _Link, path: str, index: int) -> _Request:
+        """Ask for the whole of chunk ``index`` of ``path`` (revalidating it if the
+        cached piece of it is the whole chunk)."""
         self._counters.misses += 1
         request = _Request(path)
-        cached, chunks = self._cache.chunk(path, index), self._cache.chunks(path)
+        chunks = self._cache.chunks(path)
+        cached = None
+        if chunks is not None:
+            whole = min(CHUNK_SIZE, chunks.size - index * CHUNK_SIZE)
+            cached = self._cache.chunk(path, index, 0, whole)
         if cached is not None and chunks is not None:  # revalidate: costs no data
             request.have, request.data, request.size = cached.version, cached.data, chunks.size
         have = request.have
@@ -967,14 +1022,8 @@ class Client:
                 )
         elif type(reply) is p.Chunk:
             if may_cache:
-                evicted = self._cache.store_chunk(
-                    path,
-                    sent.offset // CHUNK_SIZE if isinstance(sent, p.ReadRange) else 0,
-                    reply.data,
-                    version=reply.version,
-                    size=reply.size,
-                    term=reply.term,
-                    sent_at=request.sent_at,
+                evicted = self._store_range(
+                    path, sent.offset if isinstance(sent, p.ReadRange) else 0, reply, request
                 )
         elif isinstance(reply, p.NotModified):
             self._counters.not_modified += 1
@@ -1008,6 +1057,29 @@ class Client:
         if evicted:
             self._to_relinquish.extend(evicted)
             self._relinquish_wake.set()
+
+    def _store_range(self, path: str, offset: int, reply: p.Chunk, request: _Request) -> list[str]:
+        """Cache the bytes of ``reply`` (from ``offset``) as pieces of the chunks they
+        touch; returns the paths evicted."""
+        evicted: list[str] = []
+        index, start = divmod(offset, CHUNK_SIZE)
+        data = reply.data
+        while True:  # one piece per chunk touched (a whole chunk: one piece, not copied)
+            room = CHUNK_SIZE - start
+            piece, data = (data[:room], data[room:]) if len(data) > room else (data, b"")
+            evicted += self._cache.store_chunk(
+                path,
+                index,
+                piece,
+                version=reply.version,
+                size=reply.size,
+                term=reply.term,
+                sent_at=request.sent_at,
+                start=start,
+            )
+            if not data:
+                return evicted
+            index, start = index + 1, 0
 
     # ------------------------------------------------------------ connection management
     async def _connect_once(self) -> tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]:

@@ -38,6 +38,13 @@ older one is refused, a newer one replaces the record. Dropping a file (approval
 request, relinquish) drops its whole entry, its record and every chunk; a file is
 reported evicted when its last entry goes. Only the owner touches chunks.
 
+A chunk's entry may be a *piece* of it: bytes ``[start, start + len(data))`` of
+the chunk (``Entry.start``; a whole chunk starts at 0), so a small ranged read
+caches only what it fetched. A piece answers a read only of bytes it covers
+(:meth:`LeaseCache.lookup_chunk` takes the chunk-relative bounds asked for), and
+so only such a read may revalidate it. A chunk holds one piece: a new piece of the
+same version replaces the cached one unless the cached one covers it already.
+
 A directory's listing is cached under the directory's key (its path and ``/``,
 as :mod:`fscache.names` spells it) with the same expiry rule, and is dropped by
 the same :meth:`LeaseCache.drop` of that key. Listings are small and not counted
@@ -64,6 +71,11 @@ class Entry:
     data: bytes
     version: int
     expiry: float  # local monotonic time until which the lease is trusted
+    start: int = 0  # a chunk's piece: where ``data`` begins in its chunk
+
+    def covers(self, start: int, end: int) -> bool:
+        """Whether this piece holds chunk-relative bytes ``[start, end)``."""
+        return self.start <= start and end <= self.start + len(self.data)
 
 
 @dataclasses.dataclass(slots=True)
@@ -208,21 +220,29 @@ class LeaseCache:
         """The chunk record of ``path``, trusted or not (its version revalidates)."""
         return self.files.get(path)
 
-    def lookup_chunk(self, path: str, index: int, now: float) -> Entry | None:
-        """Chunk ``index`` of ``path`` if a trusted lease covers ``now``, else None."""
+    def lookup_chunk(
+        self, path: str, index: int, now: float, start: int = 0, end: int = 0
+    ) -> Entry | None:
+        """The piece of chunk ``index`` of ``path`` if a trusted lease covers ``now``
+        and the piece holds the chunk's bytes ``[start, end)``, else None."""
         chunks = self.files.get(path)
         if chunks is None or now >= chunks.expiry or index not in chunks.indices:
             return None
         key = _chunk_key(path, index)
+        entry = self.entries[key]
+        if not entry.covers(start, end):
+            return None
         self._used.add(key)
-        return self.entries[key]
+        return entry
 
-    def chunk(self, path: str, index: int) -> Entry | None:
-        """Chunk ``index`` of ``path``, trusted or not."""
+    def chunk(self, path: str, index: int, start: int = 0, end: int = 0) -> Entry | None:
+        """The piece of chunk ``index`` of ``path`` holding its bytes ``[start, end)``,
+        trusted or not (its version revalidates exactly those bytes)."""
         chunks = self.files.get(path)
         if chunks is None or index not in chunks.indices:
             return None
-        return self.entries[_chunk_key(path, index)]
+        entry = self.entries[_chunk_key(path, index)]
+        return entry if entry.covers(start, end) else None
 
     def store_chunk(
         self,
@@ -234,10 +254,11 @@ class LeaseCache:
         size: int,
         term: float,
         sent_at: float,
+        start: int = 0,
     ) -> list[str]:
-        """Cache chunk ``index`` of ``path`` (``size`` bytes at ``version``) under a
-        lease of ``term`` granted to a request sent at ``sent_at``. Returns the paths
-        evicted to make room (relinquish them)."""
+        """Cache chunk ``index`` of ``path`` (``size`` bytes at ``version``), or the
+        piece of it from ``start``, under a lease of ``term`` granted to a request
+        sent at ``sent_at``. Returns the paths evicted to make room (relinquish them)."""
         whole = self.entries.get(path)
         chunks = self.files.get(path)
         if (whole is not None and whole.version > version) or (
@@ -259,7 +280,9 @@ class LeaseCache:
             chunks.expiry = max(chunks.expiry, expiry)
         key = _chunk_key(path, index)
         old = self.entries.get(key)
-        self.entries[key] = Entry(data, version, expiry)
+        if old is not None and old.covers(start, start + len(data)):
+            return []  # the cached piece holds these bytes already (and the same version)
+        self.entries[key] = Entry(data, version, expiry, start)
         self.entries.move_to_end(key)
         chunks.indices.add(index)
         self.nbytes += len(data) - (len(old.data) if old is not None else 0)

@@ -375,3 +375,58 @@ def test_drop_beneath_forgets_everything_below_a_directory_key() -> None:
     c.store("dx", b"3", 1, 10.0, 0.0)
     assert c.drop_beneath("d/") == ["d/a", "d/e/", "d/e/big"]
     assert list(c.entries) == ["dx"] and c.nbytes == 1
+
+
+# ---------------------------------------------------------------- pieces of chunks
+def piece(c: LeaseCache, path: str, index: int, now: float, start: int, end: int) -> bytes | None:
+    entry = c.lookup_chunk(path, index, now, start, end)
+    return None if entry is None else entry.data[start - entry.start : end - entry.start]
+
+
+def test_a_piece_answers_only_the_bytes_it_covers_until_the_lease_runs_out() -> None:
+    c = cache()
+    c.store_chunk("f", 2, b"cdef", version=5, size=100, term=10.0, sent_at=50.0, start=2)
+    assert c.chunks("f") == Chunks(version=5, size=100, expiry=60.0 - SKEW, indices={2})
+    assert piece(c, "f", 2, 51.0, 2, 6) == b"cdef"
+    assert piece(c, "f", 2, just_before(60.0 - SKEW), 3, 5) == b"de"
+    assert piece(c, "f", 2, 60.0 - SKEW, 3, 5) is None  # the lease ran out
+    assert piece(c, "f", 2, 51.0, 1, 5) is None  # starts before the piece
+    assert piece(c, "f", 2, 51.0, 3, 7) is None  # ends after it
+    assert c.lookup_chunk("f", 2, 51.0) is None  # not the whole chunk
+    assert c.chunk("f", 2, 3, 5) is not None and c.chunk("f", 2, 0, 5) is None  # untrusted too
+    assert c.nbytes == 4
+
+
+def test_a_piece_replaces_a_smaller_one_never_one_that_covers_it() -> None:
+    c = cache()
+    c.store_chunk("f", 0, b"cd", version=1, size=9, term=10.0, sent_at=0.0, start=2)
+    c.store_chunk("f", 0, b"bcde", version=1, size=9, term=10.0, sent_at=1.0, start=1)
+    assert c.chunk("f", 0, 1, 5) is not None and c.nbytes == 4
+    assert c.store_chunk("f", 0, b"c", version=1, size=9, term=10.0, sent_at=2.0, start=2) == []
+    assert piece(c, "f", 0, 11.0, 1, 5) == b"bcde" and c.nbytes == 4  # kept; the lease moved on
+    c.store_chunk("f", 0, b"gh", version=1, size=9, term=10.0, sent_at=2.0, start=6)  # disjoint
+    assert piece(c, "f", 0, 3.0, 6, 8) == b"gh" and c.chunk("f", 0, 1, 5) is None
+    c.store_chunk("f", 0, b"abcdefghi", version=1, size=9, term=10.0, sent_at=2.0)
+    assert c.lookup_chunk("f", 0, 3.0) is not None and c.nbytes == 9  # the whole chunk
+
+
+def test_a_piece_of_another_version_never_joins_the_record() -> None:
+    c = cache()
+    c.store_chunk("f", 0, b"old", version=2, size=9, term=10.0, sent_at=0.0)
+    assert c.store_chunk("f", 1, b"x", version=1, size=9, term=10.0, sent_at=0.0, start=3) == []
+    assert c.chunks("f").indices == {0}  # type: ignore[union-attr]
+    c.store_chunk("f", 1, b"new", version=3, size=9, term=10.0, sent_at=0.0, start=3)
+    assert c.chunks("f").indices == {1} and c.nbytes == 3  # type: ignore[union-attr]
+
+
+def test_pieces_are_dropped_with_their_file_and_counted_and_evicted_by_their_size() -> None:
+    c = cache(max_bytes=6)
+    c.store_chunk("f", 0, b"ab", version=1, size=99, term=10.0, sent_at=0.0, start=10)
+    c.store_chunk("f", 3, b"cd", version=1, size=99, term=10.0, sent_at=0.0, start=20)
+    assert c.nbytes == 4
+    assert c.store_chunk("g", 0, b"efg", version=1, size=3, term=10.0, sent_at=0.0) == []
+    assert c.chunks("f").indices == {3} and c.nbytes == 5  # type: ignore[union-attr]
+    assert c.store_chunk("g", 1, b"hi", version=1, size=5, term=10.0, sent_at=0.0) == ["f"]
+    assert c.nbytes == 5 and c.chunks("f") is None
+    c.store_chunk("h", 0, b"z", version=1, size=9, term=10.0, sent_at=0.0, start=4)
+    assert c.drop("h") and c.chunks("h") is None and c.nbytes == 5

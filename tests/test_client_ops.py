@@ -53,13 +53,53 @@ async def test_a_big_file_is_read_whole_in_chunks_and_then_answered_from_the_cac
         assert r.stats["cached_bytes"] == len(data)
 
 
-async def test_a_ranged_read_fetches_only_the_chunks_it_spans(cluster):
+async def test_a_small_ranged_read_fetches_and_caches_only_its_range(cluster):
     data = blob(4 * C)
     async with cluster.client("w") as w, cluster.client("r") as r:
         await w.write("big.bin", data)
         assert await r.read("big.bin", offset=2 * C + 5, length=10) == data[2 * C + 5 : 2 * C + 15]
-        assert r.stats["cached_bytes"] == C
+        assert r.stats["cached_bytes"] == 10
+        assert cluster.service.counters.range_reads == 1
+        assert await r.read("big.bin", offset=2 * C + 5, length=10) == data[2 * C + 5 : 2 * C + 15]
+        assert cluster.service.counters.range_reads == 1  # a hit
+        await w.write("big.bin", blob(4 * C, seed=3))  # r approves: its piece is dropped
+        assert "big.bin" not in r.cache and r.cache.nbytes == 0
         assert await r.read("big.bin", offset=4 * C, length=10) == b""
+
+
+async def test_a_4k_ranged_read_sends_one_exact_range_then_hits_until_another_write(
+    nursery, autojump_clock
+):
+    data, new = blob(3 * C), blob(3 * C, seed=7)
+    offset = C + 12345
+    sent: list[p.Message] = []
+
+    async def script(server: RawPeer) -> None:
+        for contents, version in ((data, 1), (new, 2)):
+            request = await server.receive()
+            sent.append(request)
+            assert isinstance(request, p.ReadRange)
+            piece = contents[request.offset : request.offset + request.length]
+            await server.send(p.Chunk(request.id, version, 10.0, len(contents), piece))
+            if version == 1:  # another client writes: the server asks for approval
+                await trio.sleep(1.0)
+                await server.send(p.ApprovalRequest(path="big.bin", write=1))
+                assert isinstance(await server.receive(), p.Approve)
+
+    client = await with_scripted_server(nursery, script)
+    async with client() as c:
+        assert await c.read("big.bin", offset=offset, length=4096) == data[offset : offset + 4096]
+        assert sent == [p.ReadRange(id=sent[0].id, path="big.bin", offset=offset, length=4096)]
+        assert c.cache.nbytes == 4096
+        misses, hits = c.stats["misses"], c.stats["hits"]
+        inner = await c.read("big.bin", offset=offset + 96, length=4000)
+        assert inner == data[offset + 96 : offset + 4096]  # a hit: no request
+        assert await c.read("big.bin", offset=offset, length=4096) == data[offset : offset + 4096]
+        assert (c.stats["misses"], c.stats["hits"], len(sent)) == (misses, hits + 2, 1)
+        await trio.sleep(2.0)  # the approval request came at 1.0 and dropped the piece
+        assert "big.bin" not in c.cache and c.cache.nbytes == 0
+        assert await c.read("big.bin", offset=offset, length=4096) == new[offset : offset + 4096]
+        assert len(sent) == 2 and sent[1].have is None  # type: ignore[attr-defined]
 
 
 async def test_a_ranged_read_of_a_small_cached_file_is_a_hit(cluster):
@@ -128,7 +168,8 @@ async def test_an_expired_chunk_is_revalidated_with_its_version(nursery, autojum
     async def script(server: RawPeer) -> None:
         first = await server.receive()
         assert isinstance(first, p.ReadRange) and first.have is None
-        await server.send(p.Chunk(id=first.id, version=4, term=1.0, size=len(data), data=data))
+        assert (first.offset, first.length) == (2, 3)  # only the range asked for
+        await server.send(p.Chunk(id=first.id, version=4, term=1.0, size=len(data), data=data[2:5]))
         second = await server.receive()
         assert isinstance(second, p.ReadRange) and second.have == 4
         await server.send(p.NotModified(id=second.id, version=4, term=1.0))
