@@ -60,7 +60,6 @@ import math
 import secrets
 import signal
 import ssl
-from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
@@ -88,7 +87,7 @@ from fscache.leases import (
 )
 from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize, normalize_key
-from fscache.server.store import Facts, NotDurable, Store, Upload
+from fscache.server.store import Facts, NotDurable, Store, Upload, listing_page
 from fscache.sessions import Attached, SessionTable, default_ttl
 from fscache.settings import (
     CHUNK_SIZE,
@@ -99,8 +98,6 @@ from fscache.settings import (
     DEFAULT_SKEW,
     DEFAULT_TERM,
     FRAME_TIMEOUT,
-    LISTING_PAGE_BYTES,
-    LISTING_PAGE_ENTRIES,
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_IDENTITY,
     MAX_IN_FLIGHT,
@@ -422,19 +419,6 @@ def _directory(key: str) -> str:
     """The directory whose name set the directory key ``key`` stands for (``docs/``:
     ``docs``; ``/``: the root, ``""``)."""
     return key[:-1]
-
-
-def _page(names: list[str], after: str | None) -> tuple[int, int]:
-    """The slice ``[start, stop)`` of the sorted ``names`` that makes the page after the
-    name ``after``: at most LISTING_PAGE_ENTRIES names or LISTING_PAGE_BYTES of them."""
-    start = 0 if after is None else bisect_right(names, after)
-    stop = min(len(names), start + LISTING_PAGE_ENTRIES)
-    size = 0
-    for i in range(start, stop):
-        size += len(names[i]) + 32  # the name's head, and an entry's other fields
-        if size > LISTING_PAGE_BYTES and i > start:
-            return start, i
-    return start, stop
 
 
 # ---------------------------------------------------------------- the service
@@ -1095,7 +1079,7 @@ class FileService:
         names = self.store.listdir(normalize(message.path, allow_root=True))
         plain = [name.removesuffix("/") for name in names]  # sorted so; a directory ends in /
         after = None if message.after is None else message.after.removesuffix("/")
-        start, stop = _page(plain, after)
+        start, stop = listing_page(plain, after)
         page = names[start:stop]
         connection.send(p.Listing(id=message.id, names=page, more=stop < len(names)))
 
@@ -1271,23 +1255,20 @@ class FileService:
         self, connection: Connection, request: p.ScanDir, key: str, term: float
     ) -> None:
         try:
-            version, entries = self.store.scandir(_directory(key))
+            version, page, more = self.store.scandir(_directory(key), request.after)
         except FscacheError as exc:
             self._refuse(connection, request.id, exc, key, term)
             return
         if self._not_modified(connection, request, version, term):
             return
-        names = [name for name, _, _, _ in entries]
-        start, stop = _page(names, request.after)
-        page = entries[start:stop]
         connection.send(
             p.Entries(
                 request.id, version, term,
-                names=names[start:stop],
+                names=[name for name, _, _, _ in page],
                 dirs=[is_dir for _, is_dir, _, _ in page],
                 sizes=[size for _, _, size, _ in page],
                 versions=[entry_version for _, _, _, entry_version in page],
-                more=stop < len(entries),
+                more=more,
             )
         )  # fmt: skip
 
