@@ -343,7 +343,7 @@ class Counters:
     connections_total: int = 0
     connections_dropped: int = 0
     connections_refused: int = 0  # beyond max_connections or max_connections_per_identity
-    reads_over_lease_limit: int = 0  # served with term 0: the holder had max_leases_per_holder
+    reads_over_lease_limit: int = 0  # term 0 or stale: the holder had max_leases_per_holder
     protocol_errors: int = 0
     range_reads: int = 0
     listings: int = 0
@@ -1109,6 +1109,12 @@ class FileService:
                 current = False
             items.append((key, current))
         terms = self.table.extend(connection.holder, items, trio.current_time())
+        over = self.table.leases_held(connection.holder) - self._max_leases
+        if over > 0:  # the last extended paths, beyond the cap, are stale
+            beyond = [i for i, term in enumerate(terms) if term][-over:]
+            for i in beyond:
+                terms[i] = None
+            self._beyond_lease_limit(connection, *(items[i][0] for i in beyond))
         self._deadline_may_have_moved()
         connection.send(p.Extended(id=message.id, terms=terms))
 
@@ -1199,11 +1205,12 @@ class FileService:
         if term != effect.term or isinstance(request, _NOTHING_TO_CACHE):
             self._execute(self.table.relinquish(effect.holder, [effect.path], trio.current_time()))
 
-    def _beyond_lease_limit(self, connection: Connection, key: str) -> float:
-        """The holder has more than max_leases_per_holder leases with the one just
-        granted on ``key``: end that one, and serve the read with term 0 (not cached)."""
-        self.counters.reads_over_lease_limit += 1
-        self._execute(self.table.relinquish(connection.holder, [key], trio.current_time()))
+    def _beyond_lease_limit(self, connection: Connection, *keys: str) -> float:
+        """The holder has more than max_leases_per_holder leases with those just granted
+        or extended on ``keys``: end those, and answer them with term 0 (a read: not
+        cached) or stale (an extension: dropped). Returns the read's term, 0."""
+        self.counters.reads_over_lease_limit += len(keys)
+        self._execute(self.table.relinquish(connection.holder, keys, trio.current_time()))
         return 0.0
 
     def _serve_granted(

@@ -161,6 +161,30 @@ async def test_a_read_beyond_the_holders_lease_limit_is_served_uncached(
     assert cluster.service.counters.reads_over_lease_limit == 1
 
 
+async def test_an_extend_beyond_the_holders_lease_limit_answers_those_paths_stale(
+    nursery, root, autojump_clock
+):
+    cluster = await started(nursery, root, max_leases_per_holder=2)
+    for name in ("a", "b", "c"):
+        await seed(cluster, name)
+    reader = await cluster.raw("reader")
+    versions = []
+    for i, name in enumerate(("a", "b", "c")):
+        reply = await reader.read(name, request_id=i)
+        assert isinstance(reply, p.Data)
+        versions.append(reply.version)
+    await trio.sleep(TERM / 2)
+
+    extended = await ask(reader, p.Extend(id=9, paths=["a", "b", "c"], versions=versions))
+    assert isinstance(extended, p.Extended) and extended.terms == [TERM, TERM, None]
+    async with cluster.client("writer") as writer:  # no lease on c: its write waits for none
+        began = trio.current_time()
+        await writer.write("c", b"v2")
+        assert trio.current_time() == began
+    assert cluster.service is not None
+    assert cluster.service.counters.reads_over_lease_limit == 2  # c's read, then its extension
+
+
 @pytest.mark.parametrize("kind", [p.Extend, p.Relinquish])
 async def test_an_extend_or_relinquish_of_more_than_max_paths_is_refused(
     nursery, root, autojump_clock, kind
