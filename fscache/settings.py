@@ -16,7 +16,7 @@ DEFAULT_PORT = 7710
 DEFAULT_ADDRESS = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
 DEFAULT_TERM = 10.0  # seconds: the knee of the paper's curve (its section 3)
 DEFAULT_SKEW = 0.1  # seconds: the clock-skew allowance on both ends of a lease
-DEFAULT_MAX_FRAME = 16 * 1024 * 1024  # bytes: the largest frame either end accepts
+DEFAULT_MAX_FRAME = 2 * 1024 * 1024  # bytes: the largest frame either end accepts
 CHUNK_SIZE = 1 << 20  # bytes: one ranged read's reply, one upload part (1 MiB)
 DEFAULT_HOT_WRITES = 3  # writes within one term that make a file write-shared (term 0)
 

@@ -22,6 +22,7 @@ import trio
 import fscache
 from fscache import protocol as p
 from fscache.settings import (
+    DEFAULT_MAX_FRAME,
     FRAME_TIMEOUT,
     LISTING_PAGE_ENTRIES,
     MAX_PATHS,
@@ -369,8 +370,8 @@ def peak_rss(pid: int) -> int:
 async def test_pipelined_writes_behind_a_stopped_holder_leave_server_memory_bounded(
     tmp_path: Path,
 ):
-    size = 15 * 1024 * 1024
-    count = 40
+    size = DEFAULT_MAX_FRAME - 1024  # the largest write one frame holds
+    count = 48  # 32 wait within max_pending_write_bytes, 16 are refused
     async with server_process(tmp_path / "root", term=30.0) as server:
         pid = server.child.process.pid
         async with raw_peer(server.port, "seeder") as seeder:
