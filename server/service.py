@@ -369,7 +369,6 @@ class Connection:
     identity: str = ANONYMOUS  # the name on the client's certificate (fscache.access)
     attachment: int = 0  # its number in the session table
     in_flight: int = 0  # requests the lease table holds (queued reads, waiting writes)
-    pending_bytes: int = 0  # bytes of data in this connection's waiting writes
     slot_freed: trio.Event = dataclasses.field(default_factory=trio.Event)
 
     def send(self, message: p.Message) -> None:
@@ -461,6 +460,9 @@ class FileService:
         self._max_leases = settings.max_leases_per_holder
         self._by_identity: Counter[str] = Counter()  # connections past the hello
         self._pending: dict[OpId, _Pending] = {}
+        # by session: a write outlives its connection, so a resumed session's new
+        # connection shares the budget its waiting writes still take
+        self._pending_bytes: Counter[HolderId] = Counter()
         self._next_op = 0
         self._nursery: trio.Nursery | None = None
         self._timer_wake = trio.Event()
@@ -820,7 +822,8 @@ class FileService:
         self._pending[op] = pending
         connection = pending.connection
         connection.in_flight += 1
-        connection.pending_bytes += pending.nbytes
+        if pending.nbytes:
+            self._pending_bytes[connection.holder] += pending.nbytes
 
     def _release(self, op: OpId) -> _Pending | None:
         """``op`` is answered or dropped: its connection may send more."""
@@ -828,7 +831,11 @@ class FileService:
         if pending is not None:
             connection = pending.connection
             connection.in_flight -= 1
-            connection.pending_bytes -= pending.nbytes
+            if pending.nbytes:
+                holder = connection.holder
+                self._pending_bytes[holder] -= pending.nbytes
+                if not self._pending_bytes[holder]:
+                    del self._pending_bytes[holder]
             connection.slot_freed.set()
         return pending
 
@@ -957,12 +964,13 @@ class FileService:
         apply: Callable[[], int | None],
     ) -> None:
         """Queue ``message`` in the lease table; ``apply`` runs once the table allows it.
-        Its data counts against the connection's max_pending_write_bytes until answered."""
+        Its data counts against the session's max_pending_write_bytes until answered."""
         nbytes = len(message.data) if isinstance(message, p.Write | p.WriteRange) else 0
         limit = self.settings.max_pending_write_bytes
-        if nbytes and connection.pending_bytes + nbytes > limit:
+        waiting = self._pending_bytes[connection.holder]
+        if nbytes and waiting + nbytes > limit:
             raise TooLarge(
-                f"{connection.pending_bytes} bytes of this connection's writes are waiting;"
+                f"{waiting} bytes of this session's writes are waiting;"
                 f" {nbytes} more is over the limit max_pending_write_bytes={limit}"
             )
         op = self._new_op()

@@ -121,6 +121,32 @@ async def test_a_write_beyond_the_pending_bytes_limit_is_refused_at_once(
     await holder.close()
 
 
+async def test_a_resumed_session_shares_its_pending_bytes_with_its_lost_connection(
+    nursery, root, autojump_clock
+):
+    cluster = await started(nursery, root, max_pending_write_bytes=2500)
+    holder, _, expiry = await writes_behind_a_silent_holder(cluster)
+    first = RawPeer(cluster._connect("writer"))
+    welcome = await ask(first, p.Hello(p.PROTOCOL_VERSION, "writer"))
+    assert isinstance(welcome, p.Welcome)
+    await first.send(p.Write(id=1, path="f", data=bytes(2000)))
+    assert isinstance(await ask(first, p.Ping(id=2)), p.Done)  # the write waits by now
+    await cluster.cut("writer")  # no goodbye: the write still waits, holding its bytes
+
+    again = RawPeer(cluster._connect("writer"))
+    resume = p.Hello(p.PROTOCOL_VERSION, "writer", session=welcome.session, secret=welcome.secret)
+    resumed = await ask(again, resume)
+    assert isinstance(resumed, p.Welcome) and resumed.resumed
+    refused = await ask(again, p.Write(id=3, path="g", data=bytes(1000)))
+    assert isinstance(refused, p.Error) and refused.code == "too_large"
+    assert "2000 bytes of this session's writes" in refused.message
+    assert isinstance(await ask(again, p.Write(id=4, path="g", data=bytes(500))), p.Written)
+
+    await trio.sleep_until(expiry + 1)  # the lost connection's write is applied: room again
+    assert isinstance(await ask(again, p.Write(id=5, path="g", data=bytes(2500))), p.Written)
+    await holder.close()
+
+
 async def test_at_the_in_flight_cap_the_server_stops_reading_the_connection(
     nursery, root, autojump_clock
 ):
