@@ -384,7 +384,22 @@ class Connection:
             self.cancel.cancel()
 
 
-_LeasedRead = p.Read | p.ReadRange | p.ScanDir
+Page = tuple[int, list[tuple[str, bool, int, int]], bool]  # Store.scandir's answer
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Scanned:
+    """A listing request and its page, read in a worker thread before its lease."""
+
+    message: p.ScanDir
+    page: Page | FscacheError
+
+    @property
+    def id(self) -> int:
+        return self.message.id
+
+
+_LeasedRead = p.Read | p.ReadRange | _Scanned
 _WriteRequest = (
     p.Write | p.Delete | p.WriteRange | p.Truncate | p.UploadCommit | p.Rename | p.MkDir | p.RmDir
 )
@@ -396,7 +411,7 @@ class _Pending:
     A write carries its store call, run in a worker thread once the table applies it."""
 
     connection: Connection
-    request: _LeasedRead | _WriteRequest
+    request: _LeasedRead | _WriteRequest | p.ScanDir | p.ListDir  # a listing, while read
     apply: Callable[[], int | None] | None = None
     version: int = 0
     not_durable: NotDurable | None = None  # applied, visible, maybe not on disk: an error
@@ -886,7 +901,25 @@ class FileService:
     def _on_scandir(self, connection: Connection, message: p.ScanDir) -> None:
         self.counters.listings += 1
         key = names.dir_key(normalize(message.path, allow_root=True))
-        self._read_lease(connection, message, key)
+        op = self._new_op()
+        self._hold(op, _Pending(connection, message))  # in flight while it is read
+        assert self._nursery is not None
+        self._nursery.start_soon(self._scan, op, connection, message, key)
+
+    async def _scan(self, op: OpId, connection: Connection, message: p.ScanDir, key: str) -> None:
+        """Read the page in a worker thread (the names of a large directory take longer
+        than the event loop may be held), then take the lease; when it is granted the
+        page is served if the directory's version is still the page's."""
+        page: Page | FscacheError
+        try:
+            page = await self._blocking_io(self.store.scandir, _directory(key), message.after)
+        except FscacheError as exc:
+            page = exc
+        finally:
+            self._release(op)
+        if connection.alive:
+            self._read_lease(connection, _Scanned(message, page), key)
+            self._deadline_may_have_moved()
 
     def _read_lease(self, connection: Connection, message: _LeasedRead, key: str) -> None:
         """Take a read lease on ``key`` for ``message`` and answer it when granted."""
@@ -1084,7 +1117,23 @@ class FileService:
         connection.send(p.StatResult(id=message.id, version=version, size=size, is_dir=is_dir))
 
     def _on_listdir(self, connection: Connection, message: p.ListDir) -> None:
-        names = self.store.listdir(normalize(message.path, allow_root=True))
+        path = normalize(message.path, allow_root=True)
+        op = self._new_op()
+        self._hold(op, _Pending(connection, message))  # in flight while it is read
+        assert self._nursery is not None
+        self._nursery.start_soon(self._list, op, connection, message, path)
+
+    async def _list(self, op: OpId, connection: Connection, message: p.ListDir, path: str) -> None:
+        """Read the names in a worker thread (a large directory's take longer than the
+        event loop may be held) and answer the page after ``after``."""
+        try:
+            names = await self._blocking_io(self.store.listdir, path)
+        except FscacheError as exc:
+            self.counters.errors += 1
+            connection.send(p.Error(id=message.id, code=exc.code, message=str(exc)))
+            return
+        finally:
+            self._release(op)
         plain = [name.removesuffix("/") for name in names]  # sorted so; a directory ends in /
         after = None if message.after is None else message.after.removesuffix("/")
         start, stop = listing_page(plain, after)
@@ -1107,15 +1156,7 @@ class FileService:
         items = []
         for key, version in zip(message.paths, message.versions, strict=True):
             key = normalize_key(key)
-            try:
-                if key.endswith("/"):  # a listing: current if the directory's version is
-                    current_version, _, is_dir = self.store.stat(_directory(key))
-                    current = is_dir and current_version == version
-                else:
-                    current = self.store.stat(key)[0] == version
-            except FscacheError:
-                current = False
-            items.append((key, current))
+            items.append((key, self._is_current(key, version)))
         terms = self.table.extend(connection.holder, items, trio.current_time())
         over = self.table.leases_held(connection.holder) - self._max_leases
         if over > 0:  # the last extended paths, beyond the cap, are stale
@@ -1125,6 +1166,17 @@ class FileService:
             self._beyond_lease_limit(connection, *(items[i][0] for i in beyond))
         self._deadline_may_have_moved()
         connection.send(p.Extended(id=message.id, terms=terms))
+
+    def _is_current(self, key: str, version: int) -> bool:
+        """Whether ``version`` is the current one of ``key``: a file's, or for a
+        listing's key (``docs/``) its directory's."""
+        try:
+            if key.endswith("/"):
+                current_version, _, is_dir = self.store.stat(_directory(key))
+                return is_dir and current_version == version
+            return self.store.stat(key)[0] == version
+        except FscacheError:
+            return False
 
     def _on_approve(self, connection: Connection, message: p.Approve) -> None:
         self.counters.approvals_received += 1
@@ -1267,14 +1319,21 @@ class FileService:
             connection.send(p.Chunk(request.id, version, term, size, data))
 
     def _serve_listing(
-        self, connection: Connection, request: p.ScanDir, key: str, term: float
+        self, connection: Connection, request: _Scanned, key: str, term: float
     ) -> None:
-        try:
-            version, page, more = self.store.scandir(_directory(key), request.after)
-        except FscacheError as exc:
-            self._refuse(connection, request.id, exc, key, term)
+        """Answer a granted listing with its page if the directory is unchanged since
+        the page was read; else (a write on it came first) read the page again, here."""
+        scanned = request.page
+        if not isinstance(scanned, FscacheError) and not self._is_current(key, scanned[0]):
+            try:
+                scanned = self.store.scandir(_directory(key), request.message.after)
+            except FscacheError as exc:
+                scanned = exc
+        if isinstance(scanned, FscacheError):
+            self._refuse(connection, request.id, scanned, key, term)
             return
-        if self._not_modified(connection, request, version, term):
+        version, page, more = scanned
+        if self._not_modified(connection, request.message, version, term):
             return
         connection.send(
             p.Entries(

@@ -13,6 +13,7 @@ import decimal
 import fractions
 import os
 import re
+import threading
 from pathlib import Path
 
 import cbor2
@@ -21,6 +22,8 @@ import trio
 
 import fscache
 from fscache import protocol as p
+from fscache.server.service import ServerSettings, serve
+from fscache.server.store import Store
 from fscache.settings import (
     DEFAULT_MAX_FRAME,
     FRAME_TIMEOUT,
@@ -369,6 +372,47 @@ async def test_a_directory_of_20000_names_lists_fully_in_pages(nursery, root, au
     assert [name for page in pages for name in page.names] == [*names, "sub"]
     assert len({page.version for page in pages}) == 1 and len(pages) > 1
     assert pages[-1].dirs[-1] is True
+
+
+async def test_a_listing_read_before_a_write_on_its_directory_is_read_again_after_it(
+    nursery, root, autojump_clock
+):
+    cluster = await started(nursery, root)
+    (root / "d").mkdir()
+    (root / "d" / "old").write_bytes(b"")
+    holder = await cluster.raw("silent")
+    granted_at = trio.current_time()
+    assert isinstance(await ask(holder, p.ScanDir(id=1, path="d")), p.Entries)
+    writer = await cluster.raw("writer")
+    await writer.send(p.Write(id=1, path="d/new", data=b"x"))  # waits for the silent holder
+    reader = await cluster.raw("reader")
+
+    listing = await ask(reader, p.ScanDir(id=1, path="d"))  # its page is read at once
+    assert trio.current_time() == at(granted_at + TERM + SKEW)
+    assert isinstance(listing, p.Entries) and listing.names == ["new", "old"]
+    assert listing.term == TERM and isinstance(await writer.receive(), p.Written)
+    await holder.close()
+
+
+async def test_listings_are_read_in_a_worker_thread(nursery, root, monkeypatch):
+    threads: list[threading.Thread] = []
+
+    def recorded(method):
+        def call(*args, **kwargs):
+            threads.append(threading.current_thread())
+            return method(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(Store, "scandir", recorded(Store.scandir))
+    monkeypatch.setattr(Store, "listdir", recorded(Store.listdir))
+    (root / "d").mkdir()
+    (root / "d" / "f").write_bytes(b"x")
+    server = await nursery.start(serve, ServerSettings(root=str(root), port=0))
+    async with fscache.open_client("127.0.0.1", server.port) as client:
+        assert await client.listdir("d") == ["f"]
+        assert [entry.name for entry in await client.scandir("d")] == ["f"]
+    assert len(threads) == 2 and threading.main_thread() not in threads
 
 
 def test_a_page_field_at_its_default_leaves_the_frame_as_it_was():
