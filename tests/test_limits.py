@@ -170,19 +170,22 @@ async def test_at_the_in_flight_cap_the_server_stops_reading_the_connection(
 
 
 # ---------------------------------------------------------------- leases and batches
-async def test_a_read_beyond_the_holders_lease_limit_is_served_uncached(
-    nursery, root, autojump_clock
-):
+async def three_reads_at_a_limit_of_two_leases(nursery, root) -> tuple[Cluster, RawPeer, list]:
+    """A server that grants a session 2 leases; a reader that has read a, b and c."""
     cluster = await started(nursery, root, max_leases_per_holder=2)
     for name in ("a", "b", "c"):
         await seed(cluster, name)
     reader = await cluster.raw("reader")
-    terms = []
-    for i, name in enumerate(("a", "b", "c")):
-        reply = await reader.read(name, request_id=i)
-        assert isinstance(reply, p.Data)
-        terms.append(reply.term)
-    assert terms == [TERM, TERM, 0.0]
+    replies = [await reader.read(name, request_id=i) for i, name in enumerate("abc")]
+    assert all(isinstance(reply, p.Data) for reply in replies)
+    return cluster, reader, replies
+
+
+async def test_a_read_beyond_the_holders_lease_limit_is_served_uncached(
+    nursery, root, autojump_clock
+):
+    cluster, _, replies = await three_reads_at_a_limit_of_two_leases(nursery, root)
+    assert [reply.term for reply in replies] == [TERM, TERM, 0.0]
 
     async with cluster.client("writer") as writer:  # no lease on c: its write waits for none
         await writer.write("c", b"v2")
@@ -194,15 +197,8 @@ async def test_a_read_beyond_the_holders_lease_limit_is_served_uncached(
 async def test_an_extend_beyond_the_holders_lease_limit_answers_those_paths_stale(
     nursery, root, autojump_clock
 ):
-    cluster = await started(nursery, root, max_leases_per_holder=2)
-    for name in ("a", "b", "c"):
-        await seed(cluster, name)
-    reader = await cluster.raw("reader")
-    versions = []
-    for i, name in enumerate(("a", "b", "c")):
-        reply = await reader.read(name, request_id=i)
-        assert isinstance(reply, p.Data)
-        versions.append(reply.version)
+    cluster, reader, replies = await three_reads_at_a_limit_of_two_leases(nursery, root)
+    versions = [reply.version for reply in replies]
     await trio.sleep(TERM / 2)
 
     extended = await ask(reader, p.Extend(id=9, paths=["a", "b", "c"], versions=versions))
