@@ -16,7 +16,7 @@ DEFAULT_PORT = 7710
 DEFAULT_ADDRESS = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
 DEFAULT_TERM = 10.0  # seconds: the knee of the paper's curve (its section 3)
 DEFAULT_SKEW = 0.1  # seconds: the clock-skew allowance on both ends of a lease
-DEFAULT_MAX_FRAME = 16 * 1024 * 1024  # bytes: the largest frame either end accepts
+DEFAULT_MAX_FRAME = 2 * 1024 * 1024  # bytes: the largest frame either end accepts (chunk + room)
 CHUNK_SIZE = 1 << 20  # bytes: one ranged read's reply, one upload part (1 MiB)
 DEFAULT_HOT_WRITES = 3  # writes within one term that make a file write-shared (term 0)
 
@@ -25,7 +25,7 @@ DEFAULT_HOT_WRITES = 3  # writes within one term that make a file write-shared (
 MAX_CONNECTIONS = 1024  # open connections, server-wide (each holds buffers and descriptors)
 MAX_CONNECTIONS_PER_IDENTITY = 256  # of one identity (every plain-TCP client is "anonymous")
 MAX_IN_FLIGHT = 64  # requests one connection has waiting; at it, its socket is not read
-MAX_PENDING_WRITE_BYTES = 64 * 1024 * 1024  # bytes of one connection's waiting writes
+MAX_PENDING_WRITE_BYTES = 64 * 1024 * 1024  # bytes of one session's waiting writes
 MAX_LEASES_PER_HOLDER = 65536  # beyond it a read is served with term 0: no lease, no cache
 MAX_PATHS = 256  # paths in one extend or relinquish: an extend stats each on the event loop
 FRAME_TIMEOUT = 30.0  # seconds a begun frame may take to arrive whole

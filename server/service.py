@@ -60,7 +60,6 @@ import math
 import secrets
 import signal
 import ssl
-from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
@@ -95,7 +94,7 @@ from fscache.leases import (
 )
 from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize, normalize_key
-from fscache.server.store import Facts, Store, Upload
+from fscache.server.store import Facts, Store, Upload, listing_page
 from fscache.sessions import Attached, SessionTable, default_ttl
 from fscache.settings import (
     CHUNK_SIZE,
@@ -106,8 +105,6 @@ from fscache.settings import (
     DEFAULT_SKEW,
     DEFAULT_TERM,
     FRAME_TIMEOUT,
-    LISTING_PAGE_BYTES,
-    LISTING_PAGE_ENTRIES,
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_IDENTITY,
     MAX_IN_FLIGHT,
@@ -353,7 +350,7 @@ class Counters:
     connections_total: int = 0
     connections_dropped: int = 0
     connections_refused: int = 0  # beyond max_connections or max_connections_per_identity
-    reads_over_lease_limit: int = 0  # served with term 0: the holder had max_leases_per_holder
+    reads_over_lease_limit: int = 0  # term 0 or stale: the holder had max_leases_per_holder
     protocol_errors: int = 0
     range_reads: int = 0
     listings: int = 0
@@ -379,7 +376,6 @@ class Connection:
     identity: str = ANONYMOUS  # the name on the client's certificate (fscache.access)
     attachment: int = 0  # its number in the session table
     in_flight: int = 0  # requests the lease table holds (queued reads, waiting writes)
-    pending_bytes: int = 0  # bytes of data in this connection's waiting writes
     slot_freed: trio.Event = dataclasses.field(default_factory=trio.Event)
 
     def send(self, message: p.Message) -> None:
@@ -395,7 +391,22 @@ class Connection:
             self.cancel.cancel()
 
 
-_LeasedRead = p.Read | p.ReadRange | p.ScanDir
+Page = tuple[int, list[tuple[str, bool, int, int]], bool]  # Store.scandir's answer
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Scanned:
+    """A listing request and its page, read in a worker thread before its lease."""
+
+    message: p.ScanDir
+    page: Page | FscacheError
+
+    @property
+    def id(self) -> int:
+        return self.message.id
+
+
+_LeasedRead = p.Read | p.ReadRange | _Scanned
 _WriteRequest = (
     p.Write | p.Delete | p.WriteRange | p.Truncate | p.UploadCommit | p.Rename | p.MkDir | p.RmDir
 )
@@ -407,7 +418,7 @@ class _Pending:
     A write carries its store call, run in a worker thread once the table applies it."""
 
     connection: Connection
-    request: _LeasedRead | _WriteRequest
+    request: _LeasedRead | _WriteRequest | p.ScanDir | p.ListDir  # a listing, while read
     apply: Callable[[], int | None] | None = None
     version: int = 0
     not_durable: NotDurable | None = None  # applied, visible, maybe not on disk: an error
@@ -429,19 +440,6 @@ def _directory(key: str) -> str:
     """The directory whose name set the directory key ``key`` stands for (``docs/``:
     ``docs``; ``/``: the root, ``""``)."""
     return key[:-1]
-
-
-def _page(names: list[str], after: str | None) -> tuple[int, int]:
-    """The slice ``[start, stop)`` of the sorted ``names`` that makes the page after the
-    name ``after``: at most LISTING_PAGE_ENTRIES names or LISTING_PAGE_BYTES of them."""
-    start = 0 if after is None else bisect_right(names, after)
-    stop = min(len(names), start + LISTING_PAGE_ENTRIES)
-    size = 0
-    for i in range(start, stop):
-        size += len(names[i]) + 32  # the name's head, and an entry's other fields
-        if size > LISTING_PAGE_BYTES and i > start:
-            return start, i
-    return start, stop
 
 
 # ---------------------------------------------------------------- the service
@@ -484,6 +482,9 @@ class FileService:
         self._max_leases = settings.max_leases_per_holder
         self._by_identity: Counter[str] = Counter()  # connections past the hello
         self._pending: dict[OpId, _Pending] = {}
+        # by session: a write outlives its connection, so a resumed session's new
+        # connection shares the budget its waiting writes still take
+        self._pending_bytes: Counter[HolderId] = Counter()
         self._next_op = 0
         self._nursery: trio.Nursery | None = None
         self._timer_wake = trio.Event()
@@ -843,7 +844,8 @@ class FileService:
         self._pending[op] = pending
         connection = pending.connection
         connection.in_flight += 1
-        connection.pending_bytes += pending.nbytes
+        if pending.nbytes:
+            self._pending_bytes[connection.holder] += pending.nbytes
 
     def _release(self, op: OpId) -> _Pending | None:
         """``op`` is answered or dropped: its connection may send more."""
@@ -851,7 +853,11 @@ class FileService:
         if pending is not None:
             connection = pending.connection
             connection.in_flight -= 1
-            connection.pending_bytes -= pending.nbytes
+            if pending.nbytes:
+                holder = connection.holder
+                self._pending_bytes[holder] -= pending.nbytes
+                if not self._pending_bytes[holder]:
+                    del self._pending_bytes[holder]
             connection.slot_freed.set()
         return pending
 
@@ -902,7 +908,25 @@ class FileService:
     def _on_scandir(self, connection: Connection, message: p.ScanDir) -> None:
         self.counters.listings += 1
         key = names.dir_key(normalize(message.path, allow_root=True))
-        self._read_lease(connection, message, key)
+        op = self._new_op()
+        self._hold(op, _Pending(connection, message))  # in flight while it is read
+        assert self._nursery is not None
+        self._nursery.start_soon(self._scan, op, connection, message, key)
+
+    async def _scan(self, op: OpId, connection: Connection, message: p.ScanDir, key: str) -> None:
+        """Read the page in a worker thread (the names of a large directory take longer
+        than the event loop may be held), then take the lease; when it is granted the
+        page is served if the directory's version is still the page's."""
+        page: Page | FscacheError
+        try:
+            page = await self._blocking_io(self.store.scandir, _directory(key), message.after)
+        except FscacheError as exc:
+            page = exc
+        finally:
+            self._release(op)
+        if connection.alive:
+            self._read_lease(connection, _Scanned(message, page), key)
+            self._deadline_may_have_moved()
 
     def _read_lease(self, connection: Connection, message: _LeasedRead, key: str) -> None:
         """Take a read lease on ``key`` for ``message`` and answer it when granted."""
@@ -980,12 +1004,13 @@ class FileService:
         apply: Callable[[], int | None],
     ) -> None:
         """Queue ``message`` in the lease table; ``apply`` runs once the table allows it.
-        Its data counts against the connection's max_pending_write_bytes until answered."""
+        Its data counts against the session's max_pending_write_bytes until answered."""
         nbytes = len(message.data) if isinstance(message, p.Write | p.WriteRange) else 0
         limit = self.settings.max_pending_write_bytes
-        if nbytes and connection.pending_bytes + nbytes > limit:
+        waiting = self._pending_bytes[connection.holder]
+        if nbytes and waiting + nbytes > limit:
             raise TooLarge(
-                f"{connection.pending_bytes} bytes of this connection's writes are waiting;"
+                f"{waiting} bytes of this session's writes are waiting;"
                 f" {nbytes} more is over the limit max_pending_write_bytes={limit}"
             )
         op = self._new_op()
@@ -1099,10 +1124,26 @@ class FileService:
         connection.send(p.StatResult(id=message.id, version=version, size=size, is_dir=is_dir))
 
     def _on_listdir(self, connection: Connection, message: p.ListDir) -> None:
-        names = self.store.listdir(normalize(message.path, allow_root=True))
+        path = normalize(message.path, allow_root=True)
+        op = self._new_op()
+        self._hold(op, _Pending(connection, message))  # in flight while it is read
+        assert self._nursery is not None
+        self._nursery.start_soon(self._list, op, connection, message, path)
+
+    async def _list(self, op: OpId, connection: Connection, message: p.ListDir, path: str) -> None:
+        """Read the names in a worker thread (a large directory's take longer than the
+        event loop may be held) and answer the page after ``after``."""
+        try:
+            names = await self._blocking_io(self.store.listdir, path)
+        except FscacheError as exc:
+            self.counters.errors += 1
+            connection.send(p.Error(id=message.id, code=exc.code, message=str(exc)))
+            return
+        finally:
+            self._release(op)
         plain = [name.removesuffix("/") for name in names]  # sorted so; a directory ends in /
         after = None if message.after is None else message.after.removesuffix("/")
-        start, stop = _page(plain, after)
+        start, stop = listing_page(plain, after)
         page = names[start:stop]
         connection.send(p.Listing(id=message.id, names=page, more=stop < len(names)))
 
@@ -1122,18 +1163,27 @@ class FileService:
         items = []
         for key, version in zip(message.paths, message.versions, strict=True):
             key = normalize_key(key)
-            try:
-                if key.endswith("/"):  # a listing: current if the directory's version is
-                    current_version, _, is_dir = self.store.stat(_directory(key))
-                    current = is_dir and current_version == version
-                else:
-                    current = self.store.stat(key)[0] == version
-            except FscacheError:
-                current = False
-            items.append((key, current))
+            items.append((key, self._is_current(key, version)))
         terms = self.table.extend(connection.holder, items, trio.current_time())
+        over = self.table.leases_held(connection.holder) - self._max_leases
+        if over > 0:  # the last extended paths, beyond the cap, are stale
+            beyond = [i for i, term in enumerate(terms) if term][-over:]
+            for i in beyond:
+                terms[i] = None
+            self._beyond_lease_limit(connection, *(items[i][0] for i in beyond))
         self._deadline_may_have_moved()
         connection.send(p.Extended(id=message.id, terms=terms))
+
+    def _is_current(self, key: str, version: int) -> bool:
+        """Whether ``version`` is the current one of ``key``: a file's, or for a
+        listing's key (``docs/``) its directory's."""
+        try:
+            if key.endswith("/"):
+                current_version, _, is_dir = self.store.stat(_directory(key))
+                return is_dir and current_version == version
+            return self.store.stat(key)[0] == version
+        except FscacheError:
+            return False
 
     def _on_approve(self, connection: Connection, message: p.Approve) -> None:
         self.counters.approvals_received += 1
@@ -1222,11 +1272,12 @@ class FileService:
         if term != effect.term or isinstance(request, _NOTHING_TO_CACHE):
             self._execute(self.table.relinquish(effect.holder, [effect.path], trio.current_time()))
 
-    def _beyond_lease_limit(self, connection: Connection, key: str) -> float:
-        """The holder has more than max_leases_per_holder leases with the one just
-        granted on ``key``: end that one, and serve the read with term 0 (not cached)."""
-        self.counters.reads_over_lease_limit += 1
-        self._execute(self.table.relinquish(connection.holder, [key], trio.current_time()))
+    def _beyond_lease_limit(self, connection: Connection, *keys: str) -> float:
+        """The holder has more than max_leases_per_holder leases with those just granted
+        or extended on ``keys``: end those, and answer them with term 0 (a read: not
+        cached) or stale (an extension: dropped). Returns the read's term, 0."""
+        self.counters.reads_over_lease_limit += len(keys)
+        self._execute(self.table.relinquish(connection.holder, keys, trio.current_time()))
         return 0.0
 
     def _serve_granted(
@@ -1275,26 +1326,30 @@ class FileService:
             connection.send(p.Chunk(request.id, version, term, size, data))
 
     def _serve_listing(
-        self, connection: Connection, request: p.ScanDir, key: str, term: float
+        self, connection: Connection, request: _Scanned, key: str, term: float
     ) -> None:
-        try:
-            version, entries = self.store.scandir(_directory(key))
-        except FscacheError as exc:
-            self._refuse(connection, request.id, exc, key, term)
+        """Answer a granted listing with its page if the directory is unchanged since
+        the page was read; else (a write on it came first) read the page again, here."""
+        scanned = request.page
+        if not isinstance(scanned, FscacheError) and not self._is_current(key, scanned[0]):
+            try:
+                scanned = self.store.scandir(_directory(key), request.message.after)
+            except FscacheError as exc:
+                scanned = exc
+        if isinstance(scanned, FscacheError):
+            self._refuse(connection, request.id, scanned, key, term)
             return
-        if self._not_modified(connection, request, version, term):
+        version, page, more = scanned
+        if self._not_modified(connection, request.message, version, term):
             return
-        names = [name for name, _, _, _ in entries]
-        start, stop = _page(names, request.after)
-        page = entries[start:stop]
         connection.send(
             p.Entries(
                 request.id, version, term,
-                names=names[start:stop],
+                names=[name for name, _, _, _ in page],
                 dirs=[is_dir for _, is_dir, _, _ in page],
                 sizes=[size for _, _, size, _ in page],
                 versions=[entry_version for _, _, _, entry_version in page],
-                more=stop < len(entries),
+                more=more,
             )
         )  # fmt: skip
 

@@ -223,6 +223,7 @@ import sys
 import threading
 import unicodedata
 import weakref
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
@@ -243,8 +244,9 @@ from fscache.errors import (
     TooLarge,
 )
 from fscache.paths import RESERVED_PREFIX, is_reserved
+from fscache.settings import LISTING_PAGE_BYTES, LISTING_PAGE_ENTRIES
 
-__all__ = ["LOCK_FILE", "TEMP_PREFIX", "Facts", "Store", "Upload"]
+__all__ = ["LOCK_FILE", "TEMP_PREFIX", "Facts", "Store", "Upload", "listing_page"]
 
 LOCK_FILE = "lock"
 """In the state directory: held locked (``flock``) by the one store serving the root."""
@@ -588,12 +590,13 @@ class Store:
 
     def listdir(self, path: str) -> list[str]:
         """Sorted names in the directory ``path`` (``""`` is the root); dirs end in
-        ``/``: the entries :meth:`scandir` shows. :class:`IsADirectory` for a file."""
+        ``/``: the names :meth:`scandir` shows, with no ``stat`` of any.
+        :class:`IsADirectory` for a file."""
         try:
-            _, entries = self.scandir(path)
+            with self._listed(path) as (_, _, names, dirs):
+                return [name + "/" if name in dirs else name for name in names]
         except NotADirectory:
             raise IsADirectory(f"cannot list {path!r}: it is a file") from None
-        return [name + "/" if is_dir else name for name, is_dir, _, _ in entries]
 
     # ------------------------------------------------------ confined operations
     # Each opens the parent directory beneath the root (no symlink on the way) and
@@ -837,14 +840,38 @@ class Store:
             with _after_change("rmdir", path):
                 self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
 
-    def scandir(self, path: str) -> tuple[int, list[tuple[str, bool, int, int]]]:
-        """``(version, [(name, is_dir, size, version), ...])`` of the directory ``path``
-        (``""`` is the root), sorted by name; a directory's size is 0.
+    def scandir(
+        self, path: str, after: str | None = None
+    ) -> tuple[int, list[tuple[str, bool, int, int]], bool]:
+        """``(version, page, more)`` of the directory ``path`` (``""`` is the root): the
+        page of entries ``(name, is_dir, size, version)`` after the name ``after`` in
+        sorted order (:func:`listing_page`), and whether names are left after it. A
+        directory's size is 0.
 
-        Shown: files and directories with UTF-8 names. Hidden: the store's own
-        names, symlinks (the confined operations never follow one), special files.
-        The directory's version is read before its entries (see "Directories").
+        A page costs its own entries: the directory's names are listed without a
+        ``stat`` (their types come from the directory itself), and only the page's
+        entries are stat'ed, through the directory's descriptor without following a
+        symlink. One that vanished meanwhile is left out.
         """
+        entries: list[tuple[str, bool, int, int]] = []
+        with self._listed(path) as (fd, version, names, _):
+            start, stop = listing_page(names, after)
+            for name in names[start:stop]:
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat_mod.S_ISDIR(st.st_mode):
+                    entries.append((name, True, 0, st.st_mtime_ns))
+                elif stat_mod.S_ISREG(st.st_mode):
+                    entries.append((name, False, st.st_size, st.st_mtime_ns))
+        return version, entries, stop < len(names)
+
+    @contextmanager
+    def _listed(self, path: str) -> Iterator[tuple[int, int, list[str], set[str]]]:
+        """``(fd, version, names, dirs)`` of the directory ``path`` while open: its
+        descriptor, its version (read before its names, see "Directories"), its sorted
+        names (:func:`_names_in`) and which of them are directories."""
         if path:
             _check_path(path, "list")
         try:
@@ -853,28 +880,14 @@ class Store:
             if exc.errno == errno.ENOTDIR and self.facts(path).exists:
                 raise NotADirectory(f"cannot list {path!r}: it is a file") from None
             raise _translate(exc, "list", path) from None
-        entries: list[tuple[str, bool, int, int]] = []
         try:
             version = os.fstat(fd).st_mtime_ns
-            with os.scandir(fd) as found:
-                for entry in found:
-                    name = entry.name
-                    if is_reserved(name) or not _is_client_name(name):
-                        continue
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:  # vanished while we looked
-                        continue
-                    if stat_mod.S_ISDIR(st.st_mode):
-                        entries.append((name, True, 0, st.st_mtime_ns))
-                    elif stat_mod.S_ISREG(st.st_mode):
-                        entries.append((name, False, st.st_size, st.st_mtime_ns))
+            names, dirs = _names_in(fd)
+            yield fd, version, names, dirs
         except OSError as exc:
             raise _translate(exc, "list", path) from None
         finally:
             os.close(fd)
-        entries.sort()
-        return version, entries
 
     # ----------------------------------------------------------------- helpers
     def _state_dir(self) -> int:
@@ -1387,6 +1400,43 @@ def _fill(dir_fd: int, temp: str, fd: int, data: bytes, *, minimum: int) -> int:
             os.unlink(temp, dir_fd=dir_fd)
         raise
     return version
+
+
+def listing_page(names: list[str], after: str | None) -> tuple[int, int]:
+    """The slice ``[start, stop)`` of the sorted ``names`` that makes the page after the
+    name ``after``: at most LISTING_PAGE_ENTRIES names or LISTING_PAGE_BYTES of them."""
+    start = 0 if after is None else bisect_right(names, after)
+    stop = min(len(names), start + LISTING_PAGE_ENTRIES)
+    size = 0
+    for i in range(start, stop):
+        size += len(names[i]) + 32  # the name's head, and an entry's other fields
+        if size > LISTING_PAGE_BYTES and i > start:
+            return start, i
+    return start, stop
+
+
+def _names_in(fd: int) -> tuple[list[str], set[str]]:
+    """The sorted names a client may see in the directory open at ``fd`` (files and
+    directories, not the store's own names, symlinks or special files), and which
+    are directories: from the directory's entries and their types, with no ``stat``
+    (unless the file system does not record types)."""
+    names: list[str] = []
+    dirs: set[str] = set()
+    with os.scandir(fd) as found:
+        for entry in found:
+            name = entry.name
+            if is_reserved(name) or not _is_client_name(name):
+                continue
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    dirs.add(name)
+                elif not entry.is_file(follow_symlinks=False):
+                    continue
+            except OSError:  # vanished while we looked
+                continue
+            names.append(name)
+    names.sort()
+    return names, dirs
 
 
 def _is_client_name(name: str) -> bool:

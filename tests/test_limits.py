@@ -13,6 +13,7 @@ import decimal
 import fractions
 import os
 import re
+import threading
 from pathlib import Path
 
 import cbor2
@@ -21,7 +22,10 @@ import trio
 
 import fscache
 from fscache import protocol as p
+from fscache.server.service import ServerSettings, serve
+from fscache.server.store import Store
 from fscache.settings import (
+    DEFAULT_MAX_FRAME,
     FRAME_TIMEOUT,
     LISTING_PAGE_ENTRIES,
     MAX_PATHS,
@@ -120,6 +124,32 @@ async def test_a_write_beyond_the_pending_bytes_limit_is_refused_at_once(
     await holder.close()
 
 
+async def test_a_resumed_session_shares_its_pending_bytes_with_its_lost_connection(
+    nursery, root, autojump_clock
+):
+    cluster = await started(nursery, root, max_pending_write_bytes=2500)
+    holder, _, expiry = await writes_behind_a_silent_holder(cluster)
+    first = RawPeer(cluster._connect("writer"))
+    welcome = await ask(first, p.Hello(p.PROTOCOL_VERSION, "writer"))
+    assert isinstance(welcome, p.Welcome)
+    await first.send(p.Write(id=1, path="f", data=bytes(2000)))
+    assert isinstance(await ask(first, p.Ping(id=2)), p.Done)  # the write waits by now
+    await cluster.cut("writer")  # no goodbye: the write still waits, holding its bytes
+
+    again = RawPeer(cluster._connect("writer"))
+    resume = p.Hello(p.PROTOCOL_VERSION, "writer", session=welcome.session, secret=welcome.secret)
+    resumed = await ask(again, resume)
+    assert isinstance(resumed, p.Welcome) and resumed.resumed
+    refused = await ask(again, p.Write(id=3, path="g", data=bytes(1000)))
+    assert isinstance(refused, p.Error) and refused.code == "too_large"
+    assert "2000 bytes of this session's writes" in refused.message
+    assert isinstance(await ask(again, p.Write(id=4, path="g", data=bytes(500))), p.Written)
+
+    await trio.sleep_until(expiry + 1)  # the lost connection's write is applied: room again
+    assert isinstance(await ask(again, p.Write(id=5, path="g", data=bytes(2500))), p.Written)
+    await holder.close()
+
+
 async def test_at_the_in_flight_cap_the_server_stops_reading_the_connection(
     nursery, root, autojump_clock
 ):
@@ -140,25 +170,45 @@ async def test_at_the_in_flight_cap_the_server_stops_reading_the_connection(
 
 
 # ---------------------------------------------------------------- leases and batches
-async def test_a_read_beyond_the_holders_lease_limit_is_served_uncached(
-    nursery, root, autojump_clock
-):
+async def three_reads_at_a_limit_of_two_leases(nursery, root) -> tuple[Cluster, RawPeer, list]:
+    """A server that grants a session 2 leases; a reader that has read a, b and c."""
     cluster = await started(nursery, root, max_leases_per_holder=2)
     for name in ("a", "b", "c"):
         await seed(cluster, name)
     reader = await cluster.raw("reader")
-    terms = []
-    for i, name in enumerate(("a", "b", "c")):
-        reply = await reader.read(name, request_id=i)
-        assert isinstance(reply, p.Data)
-        terms.append(reply.term)
-    assert terms == [TERM, TERM, 0.0]
+    replies = [await reader.read(name, request_id=i) for i, name in enumerate("abc")]
+    assert all(isinstance(reply, p.Data) for reply in replies)
+    return cluster, reader, replies
+
+
+async def test_a_read_beyond_the_holders_lease_limit_is_served_uncached(
+    nursery, root, autojump_clock
+):
+    cluster, _, replies = await three_reads_at_a_limit_of_two_leases(nursery, root)
+    assert [reply.term for reply in replies] == [TERM, TERM, 0.0]
 
     async with cluster.client("writer") as writer:  # no lease on c: its write waits for none
         await writer.write("c", b"v2")
         assert trio.current_time() == at(0.0)
     assert cluster.service is not None
     assert cluster.service.counters.reads_over_lease_limit == 1
+
+
+async def test_an_extend_beyond_the_holders_lease_limit_answers_those_paths_stale(
+    nursery, root, autojump_clock
+):
+    cluster, reader, replies = await three_reads_at_a_limit_of_two_leases(nursery, root)
+    versions = [reply.version for reply in replies]
+    await trio.sleep(TERM / 2)
+
+    extended = await ask(reader, p.Extend(id=9, paths=["a", "b", "c"], versions=versions))
+    assert isinstance(extended, p.Extended) and extended.terms == [TERM, TERM, None]
+    async with cluster.client("writer") as writer:  # no lease on c: its write waits for none
+        began = trio.current_time()
+        await writer.write("c", b"v2")
+        assert trio.current_time() == began
+    assert cluster.service is not None
+    assert cluster.service.counters.reads_over_lease_limit == 2  # c's read, then its extension
 
 
 @pytest.mark.parametrize("kind", [p.Extend, p.Relinquish])
@@ -320,6 +370,47 @@ async def test_a_directory_of_20000_names_lists_fully_in_pages(nursery, root, au
     assert pages[-1].dirs[-1] is True
 
 
+async def test_a_listing_read_before_a_write_on_its_directory_is_read_again_after_it(
+    nursery, root, autojump_clock
+):
+    cluster = await started(nursery, root)
+    (root / "d").mkdir()
+    (root / "d" / "old").write_bytes(b"")
+    holder = await cluster.raw("silent")
+    granted_at = trio.current_time()
+    assert isinstance(await ask(holder, p.ScanDir(id=1, path="d")), p.Entries)
+    writer = await cluster.raw("writer")
+    await writer.send(p.Write(id=1, path="d/new", data=b"x"))  # waits for the silent holder
+    reader = await cluster.raw("reader")
+
+    listing = await ask(reader, p.ScanDir(id=1, path="d"))  # its page is read at once
+    assert trio.current_time() == at(granted_at + TERM + SKEW)
+    assert isinstance(listing, p.Entries) and listing.names == ["new", "old"]
+    assert listing.term == TERM and isinstance(await writer.receive(), p.Written)
+    await holder.close()
+
+
+async def test_listings_are_read_in_a_worker_thread(nursery, root, monkeypatch):
+    threads: list[threading.Thread] = []
+
+    def recorded(method):
+        def call(*args, **kwargs):
+            threads.append(threading.current_thread())
+            return method(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(Store, "scandir", recorded(Store.scandir))
+    monkeypatch.setattr(Store, "listdir", recorded(Store.listdir))
+    (root / "d").mkdir()
+    (root / "d" / "f").write_bytes(b"x")
+    server = await nursery.start(serve, ServerSettings(root=str(root), port=0))
+    async with fscache.open_client("127.0.0.1", server.port) as client:
+        assert await client.listdir("d") == ["f"]
+        assert [entry.name for entry in await client.scandir("d")] == ["f"]
+    assert len(threads) == 2 and threading.main_thread() not in threads
+
+
 def test_a_page_field_at_its_default_leaves_the_frame_as_it_was():
     assert p.encode(p.Listing(id=1, names=["a"])) == p._encode_generic(p.Listing(id=1, names=["a"]))
     assert b"more" not in p.encode(p.Listing(id=1, names=["a"]))
@@ -345,8 +436,8 @@ def peak_rss(pid: int) -> int:
 async def test_pipelined_writes_behind_a_stopped_holder_leave_server_memory_bounded(
     tmp_path: Path,
 ):
-    size = 15 * 1024 * 1024
-    count = 40
+    size = DEFAULT_MAX_FRAME - 1024  # the largest write one frame holds
+    count = 48  # 32 wait within max_pending_write_bytes, 16 are refused
     async with server_process(tmp_path / "root", term=30.0) as server:
         pid = server.child.process.pid
         async with raw_peer(server.port, "seeder") as seeder:

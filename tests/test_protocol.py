@@ -217,8 +217,8 @@ def test_decoder_waits_for_a_whole_header_and_a_whole_body() -> None:
     assert decoder.next_message() is None
 
 
-def test_default_max_frame_is_16_mib() -> None:
-    assert FrameDecoder().max_frame == DEFAULT_MAX_FRAME == 16 * 1024 * 1024
+def test_default_max_frame_is_2_mib() -> None:
+    assert FrameDecoder().max_frame == DEFAULT_MAX_FRAME == 2 * 1024 * 1024
 
 
 def test_header_announcing_more_than_max_frame_raises_too_large_before_the_body() -> None:

@@ -398,12 +398,12 @@ def test_scandir_lists_sorted_entries_and_hides_the_rest(store: Store, root: Pat
     (root / (TEMP_PREFIX + "x")).write_bytes(b"")
     os.symlink(root / "b", root / "link")
     os.mkfifo(root / "fifo")
-    version, entries = store.scandir("")
+    version, entries, _ = store.scandir("")
     a_version = store.scandir("a")[0]
     b_version = store.stat("b")[0]
     assert entries == [("a", True, 0, a_version), ("b", False, 5, b_version)]
     assert version == store.stat("")[0]
-    assert store.scandir("a") == (a_version, [])
+    assert store.scandir("a") == (a_version, [], False)
     with pytest.raises(NotADirectory):
         store.scandir("b")
     with pytest.raises(NotFound):
