@@ -521,8 +521,10 @@ class Client:
             if version is not None and reply.version != version:
                 return None
             version, earlier = reply.version, earlier + _dir_entries(reply)
-            if not reply.more or not reply.names:
+            if not reply.more:
                 return earlier
+            if not reply.names:  # its entries vanished as it was read: the directory changed
+                return None
             after = reply.names[-1]
 
     async def delete(self, path: str, *, if_version: int | None = None) -> None:
