@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import ssl
 import time
@@ -345,13 +344,8 @@ class Client:
         if len(data) > link.welcome.max_frame - 1024:
             raise TooLarge(f"{len(data)} bytes is over the server's limit")
         self._counters.writes += 1
-        reply = await self._call(
-            link,
-            lambda i: self._void_own_copies(
-                i, _with_parent(path), p.Write(id=i, path=path, data=data, if_version=if_version)
-            ),
-            path,
-        )
+        write = partial(p.Write, path=path, data=data, if_version=if_version)
+        reply = await self._change(link, _with_parent(path), write, path)
         assert isinstance(reply, p.Written)
         return reply.version
 
@@ -383,15 +377,8 @@ class Client:
                 sent += len(part)
             while parts:
                 await self._finish(link, parts.popleft())
-            reply = await self._call(
-                link,
-                lambda i: self._void_own_copies(
-                    i,
-                    _with_parent(path),
-                    p.UploadCommit(id=i, upload=upload, if_version=if_version),
-                ),
-                path,
-            )
+            commit = partial(p.UploadCommit, upload=upload, if_version=if_version)
+            reply = await self._change(link, _with_parent(path), commit, path)
         except BaseException:
             with (
                 trio.CancelScope(shield=True),
@@ -415,16 +402,10 @@ class Client:
         first = True
         while (part := await next_part()) or first:
             first = False
-            message = functools.partial(
+            write = partial(
                 p.WriteRange, path=path, offset=offset, data=part, if_version=if_version
             )
-            reply = await self._call(
-                link,
-                lambda i, message=message: self._void_own_copies(  # type: ignore[misc]
-                    i, _with_parent(path), message(id=i)
-                ),
-                path,
-            )
+            reply = await self._change(link, _with_parent(path), write, path)
             assert isinstance(reply, p.Written)
             version = reply.version
             if if_version is not None:
@@ -440,13 +421,8 @@ class Client:
             raise ValueError("size must be >= 0")
         self._counters.writes += 1
         link = await self._current_link()
-        reply = await self._call(
-            link,
-            lambda i: self._void_own_copies(
-                i, _with_parent(path), p.Truncate(id=i, path=path, size=size, if_version=if_version)
-            ),
-            path,
-        )
+        truncate = partial(p.Truncate, path=path, size=size, if_version=if_version)
+        reply = await self._change(link, _with_parent(path), truncate, path)
         assert isinstance(reply, p.Written)
         return reply.version
 
@@ -460,11 +436,7 @@ class Client:
             self._cache.drop_beneath(below)
         keys = (*_with_parent(src), *_with_parent(dst), dir_key(src), dir_key(dst))
         link = await self._current_link()
-        reply = await self._call(
-            link,
-            lambda i: self._void_own_copies(i, keys, p.Rename(id=i, src=src, dst=dst)),
-            dst,
-        )
+        reply = await self._change(link, keys, partial(p.Rename, src=src, dst=dst), dst)
         assert isinstance(reply, p.Written)
         return reply.version
 
@@ -474,14 +446,14 @@ class Client:
         path = normalize(path)
         keys = (dir_key(path), dir_key(parent(path)))
         link = await self._current_link()
-        await self._call(link, lambda i: self._void_own_copies(i, keys, p.MkDir(id=i, path=path)))
+        await self._change(link, keys, partial(p.MkDir, path=path))
 
     async def rmdir(self, path: str) -> None:
         """Remove the empty directory ``path`` (:class:`NotEmpty`, :class:`NotADirectory`)."""
         path = normalize(path)
         keys = (dir_key(path), dir_key(parent(path)))
         link = await self._current_link()
-        await self._call(link, lambda i: self._void_own_copies(i, keys, p.RmDir(id=i, path=path)))
+        await self._change(link, keys, partial(p.RmDir, path=path))
 
     async def scandir(self, path: str = "") -> list[DirEntry]:
         """The entries of directory ``path`` sorted by name, from the cache while a
@@ -531,13 +503,15 @@ class Client:
         path = normalize(path)
         self._counters.deletes += 1
         link = await self._current_link()
-        await self._call(
-            link,
-            lambda i: self._void_own_copies(
-                i, _with_parent(path), p.Delete(id=i, path=path, if_version=if_version)
-            ),
-            path,
-        )
+        delete = partial(p.Delete, path=path, if_version=if_version)
+        await self._change(link, _with_parent(path), delete, path)
+
+    async def _change(
+        self, link: _Link, keys: Iterable[str], make: Callable[..., p.Message], path: str = ""
+    ) -> p.Message:
+        """Send ``make(id=...)``, a change of the names and listings ``keys``, voiding our
+        own copies of them as it goes out (:meth:`_void_own_copies`); its reply."""
+        return await self._call(link, lambda i: self._void_own_copies(i, keys, make(id=i)), path)
 
     def _void_own_copies(self, request_id: int, keys: Iterable[str], message: M) -> M:
         """Builds ``message``, a change of the names and listings ``keys``, as it is sent.
