@@ -94,7 +94,7 @@ from fscache.leases import (
 )
 from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize, normalize_key
-from fscache.server.store import Facts, Store, Upload, listing_page
+from fscache.server.store import Facts, Store, Upload
 from fscache.sessions import Attached, SessionTable, default_ttl
 from fscache.settings import (
     CHUNK_SIZE,
@@ -1134,18 +1134,14 @@ class FileService:
         """Read the names in a worker thread (a large directory's take longer than the
         event loop may be held) and answer the page after ``after``."""
         try:
-            names = await self._blocking_io(self.store.listdir, path)
+            page, more = await self._blocking_io(self.store.list_page, path, message.after)
         except FscacheError as exc:
             self.counters.errors += 1
             connection.send(p.Error(id=message.id, code=exc.code, message=str(exc)))
             return
         finally:
             self._release(op)
-        plain = [name.removesuffix("/") for name in names]  # sorted so; a directory ends in /
-        after = None if message.after is None else message.after.removesuffix("/")
-        start, stop = listing_page(plain, after)
-        page = names[start:stop]
-        connection.send(p.Listing(id=message.id, names=page, more=stop < len(names)))
+        connection.send(p.Listing(id=message.id, names=page, more=more))
 
     def _on_relinquish(self, connection: Connection, message: p.Relinquish) -> None:
         self.counters.relinquish_requests += 1

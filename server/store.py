@@ -95,6 +95,18 @@ restamp the kernel's value shows; changes by other programs move the mtime as
 the kernel does (fine); a program that *sets* mtimes can move it back; temp files
 coming and going move it too (the names shown do not change).
 
+Listing cache.  A directory too big for one listing page is listed once per
+version, not once per page: its sorted names are kept (up to
+:data:`_LISTING_CACHE_NAMES` names for all directories, least recently listed
+dropped first) under the key ``(st_dev, st_ino, st_size, st_mtime_ns,
+st_ctime_ns)`` of its ``fstat``, and a page whose directory has the same key is cut
+from them. Any change of the name set moves the directory's ctime, so, by the
+content cache's rule below, the names are kept only if the ctime is at least
+``_RACY_NS`` older than the wall clock read before the directory was opened.
+Names are sorted in short runs merged in Python (:func:`_sorted_in_runs`), so a
+listing in a worker thread never holds the GIL, and with it the event loop, for
+more than about a millisecond at a time.
+
 Reads.  :meth:`Store.read` is open, fstat, read on one file descriptor.  The
 descriptor pins one inode, and ``write`` never writes an inode after its rename
 (in-place writes are kept apart by the lease rules: see In-place writes), so the
@@ -216,6 +228,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import heapq
 import os
 import secrets
 import stat as stat_mod
@@ -282,6 +295,47 @@ _RACY_NS = 2 * 10**9
 """A file is cached only if its ctime is at least this much older than the wall clock."""
 
 _Key = tuple[int, int, int, int, int]
+
+_SORT_RUN = 4096
+"""Names sorted in one C call at most: see :func:`_sorted_in_runs`."""
+_LISTING_CACHE_NAMES = 1_000_000
+"""Names the listing cache holds, all directories together."""
+
+
+class _Listings:
+    """The listing cache: the sorted names of large directories, by path, each valid
+    while the directory's :func:`_key` is unchanged (see "Listing cache"). Shared by
+    the worker threads that list, so each step holds a lock (never on a read's path).
+    """
+
+    def __init__(self, *, min_names: int, max_names: int) -> None:
+        self.min_names = min_names
+        self.max_names = max_names
+        self._entries: OrderedDict[str, tuple[_Key, tuple[list[str], set[str]]]] = OrderedDict()
+        self._names = 0
+        self._lock = threading.Lock()
+
+    def get(self, path: str, key: _Key) -> tuple[list[str], set[str]] | None:
+        with self._lock:
+            entry = self._entries.get(path)
+            if entry is None or entry[0] != key:
+                return None
+            self._entries.move_to_end(path)
+            return entry[1]
+
+    def put(self, path: str, key: _Key, listed: tuple[list[str], set[str]]) -> None:
+        count = len(listed[0])
+        if not self.min_names <= count <= self.max_names:
+            return  # a small directory lists fast; one beyond the budget is not kept
+        with self._lock:
+            old = self._entries.pop(path, None)
+            if old is not None:
+                self._names -= len(old[1][0])
+            while self._entries and self._names + count > self.max_names:
+                _, (_, (victim, _)) = self._entries.popitem(last=False)
+                self._names -= len(victim)
+            self._entries[path] = (key, listed)
+            self._names += count
 
 
 class _Cached:
@@ -375,6 +429,9 @@ class Store:
         self._content: OrderedDict[str, _Cached] = OrderedDict()  # oldest first
         self._content_bytes = 0  # data + overhead of the entries in _content
         self._content_lock = threading.Lock()  # guards every change to the two above
+        self._listings = _Listings(
+            min_names=LISTING_PAGE_ENTRIES + 1, max_names=_LISTING_CACHE_NAMES
+        )
         # Largest cacheable file; negative (none) when the cache is off or too small.
         self._content_entry_max = min(
             _CACHE_ENTRY_MAX, max_file_size, content_cache_bytes - _CACHE_ENTRY_OVERHEAD
@@ -595,6 +652,19 @@ class Store:
         try:
             with self._listed(path) as (_, _, names, dirs):
                 return [name + "/" if name in dirs else name for name in names]
+        except NotADirectory:
+            raise IsADirectory(f"cannot list {path!r}: it is a file") from None
+
+    def list_page(self, path: str, after: str | None) -> tuple[list[str], bool]:
+        """The page of :meth:`listdir`'s names after the name ``after`` (with or without
+        its ``/``), as :func:`listing_page` cuts it, and whether names are left."""
+        if after is not None:
+            after = after.removesuffix("/")
+        try:
+            with self._listed(path) as (_, _, names, dirs):
+                start, stop = listing_page(names, after)
+                page = [name + "/" if name in dirs else name for name in names[start:stop]]
+                return page, stop < len(names)
         except NotADirectory:
             raise IsADirectory(f"cannot list {path!r}: it is a file") from None
 
@@ -871,9 +941,11 @@ class Store:
     def _listed(self, path: str) -> Iterator[tuple[int, int, list[str], set[str]]]:
         """``(fd, version, names, dirs)`` of the directory ``path`` while open: its
         descriptor, its version (read before its names, see "Directories"), its sorted
-        names (:func:`_names_in`) and which of them are directories."""
+        names (:func:`_names_in`, or the listing cache's) and which of them are
+        directories."""
         if path:
             _check_path(path, "list")
+        started = self._time_ns()  # before the open: see "Listing cache"
         try:
             fd = self._open_dir(path)
         except OSError as exc:
@@ -881,9 +953,14 @@ class Store:
                 raise NotADirectory(f"cannot list {path!r}: it is a file") from None
             raise _translate(exc, "list", path) from None
         try:
-            version = os.fstat(fd).st_mtime_ns
-            names, dirs = _names_in(fd)
-            yield fd, version, names, dirs
+            st = os.fstat(fd)
+            listed = self._listings.get(path, _key(st))
+            if listed is None:
+                listed = _names_in(fd)
+                if st.st_ctime_ns <= started - _RACY_NS:
+                    self._listings.put(path, _key(st), listed)
+            names, dirs = listed
+            yield fd, st.st_mtime_ns, names, dirs
         except OSError as exc:
             raise _translate(exc, "list", path) from None
         finally:
@@ -1435,8 +1512,23 @@ def _names_in(fd: int) -> tuple[list[str], set[str]]:
             except OSError:  # vanished while we looked
                 continue
             names.append(name)
-    names.sort()
-    return names, dirs
+    return _sorted_in_runs(names), dirs
+
+
+def _sorted_in_runs(names: list[str]) -> list[str]:
+    """``names`` sorted, holding the GIL only briefly at a time.
+
+    ``list.sort`` is one C call that no other thread interrupts: sorting a
+    100,000-name directory in a worker thread (about 40 ms) would stall the event
+    loop for all of it. Runs of :data:`_SORT_RUN` names sort in about a millisecond
+    each, and :func:`heapq.merge` is Python code, which lets the event loop take
+    the GIL at every switch interval. About three times the CPU of one sort, in a
+    thread, and only for directories too big for one page."""
+    if len(names) <= _SORT_RUN:
+        names.sort()
+        return names
+    runs = [sorted(names[i : i + _SORT_RUN]) for i in range(0, len(names), _SORT_RUN)]
+    return list(heapq.merge(*runs))
 
 
 def _is_client_name(name: str) -> bool:

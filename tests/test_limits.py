@@ -401,7 +401,7 @@ async def test_listings_are_read_in_a_worker_thread(nursery, root, monkeypatch):
         return call
 
     monkeypatch.setattr(Store, "scandir", recorded(Store.scandir))
-    monkeypatch.setattr(Store, "listdir", recorded(Store.listdir))
+    monkeypatch.setattr(Store, "list_page", recorded(Store.list_page))
     (root / "d").mkdir()
     (root / "d" / "f").write_bytes(b"x")
     server = await nursery.start(serve, ServerSettings(root=str(root), port=0))

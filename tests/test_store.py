@@ -877,3 +877,52 @@ def test_recover_clears_temp_files_in_the_state_directory(store: Store, root: Pa
     (root / RESERVED_PREFIX / f"{TEMP_PREFIX}dead").write_bytes(b"torn")
     assert store.recover() == 1
     assert store.load_state("record") == b"kept"
+
+
+# ---------------------------------------------------------------- large directories
+@pytest.mark.parametrize("count", [0, 1, store_mod._SORT_RUN, store_mod._SORT_RUN * 3 + 7])
+def test_names_sorted_in_runs_are_sorted(count: int) -> None:
+    names = [f"n{(i * 7919) % (count or 1):07d}-{i % 3}" for i in range(count)]
+    assert store_mod._sorted_in_runs(list(names)) == sorted(names)
+
+
+def test_a_large_directory_is_listed_once_per_version(
+    store: Store, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = root / "big"
+    big.mkdir()
+    count = store_mod.LISTING_PAGE_ENTRIES + 5
+    for i in range(count):
+        (big / f"f{i:05d}").touch()
+    calls: list[int] = []
+    names_in = store_mod._names_in
+
+    def counted(fd: int) -> tuple[list[str], set[str]]:
+        calls.append(fd)
+        return names_in(fd)
+
+    monkeypatch.setattr(store_mod, "_names_in", counted)
+    monkeypatch.setattr(store, "_time_ns", lambda: time.time_ns() + 3 * 10**9)  # ctime not racy
+    first, more = store.list_page("big", None)
+    assert len(first) == store_mod.LISTING_PAGE_ENTRIES and more
+    rest, more = store.list_page("big", first[-1])
+    assert first + rest == [f"f{i:05d}" for i in range(count)] and not more
+    assert len(calls) == 1  # the second page came from the cache
+    store.write("big/new", b"x")  # a change of the name set: the cache is not used
+    *_, last = store.listdir("big")
+    assert last == "new" and len(calls) == 2
+
+
+def test_a_directory_changed_moments_ago_is_not_kept(
+    store: Store, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = root / "big"
+    big.mkdir()
+    for i in range(store_mod.LISTING_PAGE_ENTRIES + 1):
+        (big / f"f{i:05d}").touch()
+    calls: list[int] = []
+    names_in = store_mod._names_in
+    monkeypatch.setattr(store_mod, "_names_in", lambda fd: calls.append(fd) or names_in(fd))
+    store.listdir("big")
+    store.listdir("big")
+    assert len(calls) == 2  # its ctime is within the racy margin: listed each time
