@@ -26,6 +26,7 @@ MAX_CONNECTIONS = 1024  # open connections, server-wide (each holds buffers and 
 MAX_CONNECTIONS_PER_IDENTITY = 256  # of one identity (every plain-TCP client is "anonymous")
 MAX_IN_FLIGHT = 64  # requests one connection has waiting; at it, its socket is not read
 MAX_PENDING_WRITE_BYTES = 64 * 1024 * 1024  # bytes of one session's waiting writes
+MAX_PENDING_WRITE_BYTES_TOTAL = 256 * 1024 * 1024  # bytes of all sessions' waiting writes
 MAX_LEASES_PER_HOLDER = 65536  # beyond it a read is served with term 0: no lease, no cache
 MAX_PATHS = 256  # paths in one extend or relinquish: an extend stats each on the event loop
 FRAME_TIMEOUT = 30.0  # seconds a begun frame may take to arrive whole

@@ -111,6 +111,7 @@ from fscache.settings import (
     MAX_LEASES_PER_HOLDER,
     MAX_PATHS,
     MAX_PENDING_WRITE_BYTES,
+    MAX_PENDING_WRITE_BYTES_TOTAL,
     BadSetting,
     check_duration,
 )
@@ -150,6 +151,7 @@ class ServerSettings:
     max_connections_per_identity: int = MAX_CONNECTIONS_PER_IDENTITY
     max_in_flight: int = MAX_IN_FLIGHT
     max_pending_write_bytes: int = MAX_PENDING_WRITE_BYTES
+    max_pending_write_bytes_total: int = MAX_PENDING_WRITE_BYTES_TOTAL
     max_leases_per_holder: int = MAX_LEASES_PER_HOLDER
     frame_timeout: float = FRAME_TIMEOUT
 
@@ -179,6 +181,7 @@ _LIMITS = (
     "max_connections_per_identity",
     "max_in_flight",
     "max_pending_write_bytes",
+    "max_pending_write_bytes_total",
     "max_leases_per_holder",
 )
 
@@ -485,6 +488,7 @@ class FileService:
         # by session: a write outlives its connection, so a resumed session's new
         # connection shares the budget its waiting writes still take
         self._pending_bytes: Counter[HolderId] = Counter()
+        self._pending_bytes_total = 0  # the sum of the above
         self._next_op = 0
         self._nursery: trio.Nursery | None = None
         self._timer_wake = trio.Event()
@@ -846,6 +850,7 @@ class FileService:
         connection.in_flight += 1
         if pending.nbytes:
             self._pending_bytes[connection.holder] += pending.nbytes
+            self._pending_bytes_total += pending.nbytes
 
     def _release(self, op: OpId) -> _Pending | None:
         """``op`` is answered or dropped: its connection may send more."""
@@ -856,6 +861,7 @@ class FileService:
             if pending.nbytes:
                 holder = connection.holder
                 self._pending_bytes[holder] -= pending.nbytes
+                self._pending_bytes_total -= pending.nbytes
                 if not self._pending_bytes[holder]:
                     del self._pending_bytes[holder]
             connection.slot_freed.set()
@@ -1004,18 +1010,32 @@ class FileService:
         apply: Callable[[], int | None],
     ) -> None:
         """Queue ``message`` in the lease table; ``apply`` runs once the table allows it.
-        Its data counts against the session's max_pending_write_bytes until answered."""
+        Its data counts against the session's max_pending_write_bytes, and all
+        sessions' max_pending_write_bytes_total, until answered."""
         nbytes = len(message.data) if isinstance(message, p.Write | p.WriteRange) else 0
-        limit = self.settings.max_pending_write_bytes
-        waiting = self._pending_bytes[connection.holder]
-        if nbytes and waiting + nbytes > limit:
-            raise TooLarge(
-                f"{waiting} bytes of this session's writes are waiting;"
-                f" {nbytes} more is over the limit max_pending_write_bytes={limit}"
-            )
+        if nbytes:
+            self._check_pending_bytes(connection.holder, nbytes)
         op = self._new_op()
         self._hold(op, _Pending(connection, message, apply, nbytes=nbytes))
         self._execute(self.table.write(op, connection.holder, footprint, trio.current_time()))
+
+    def _check_pending_bytes(self, holder: HolderId, nbytes: int) -> None:
+        """:class:`TooLarge` if ``nbytes`` more of waiting write data would be over the
+        session's limit or the server's."""
+        settings = self.settings
+        waiting = self._pending_bytes[holder]
+        if waiting + nbytes > settings.max_pending_write_bytes:
+            raise TooLarge(
+                f"{waiting} bytes of this session's writes are waiting; {nbytes} more is"
+                f" over the limit max_pending_write_bytes={settings.max_pending_write_bytes}"
+            )
+        total = self._pending_bytes_total
+        if total + nbytes > settings.max_pending_write_bytes_total:
+            raise TooLarge(
+                f"{total} bytes of writes are waiting on this server; {nbytes} more is over"
+                " the limit max_pending_write_bytes_total="
+                f"{settings.max_pending_write_bytes_total}"
+            )
 
     def _file_write_keys(self, path: str, *, makes_parents: bool = False) -> Footprint:
         """The footprint of a write of the whole or part of file ``path``; with

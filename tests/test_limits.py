@@ -124,6 +124,31 @@ async def test_a_write_beyond_the_pending_bytes_limit_is_refused_at_once(
     await holder.close()
 
 
+async def test_all_sessions_waiting_write_bytes_are_bounded_server_wide(
+    nursery, root, autojump_clock
+):
+    cluster = await started(
+        nursery, root, max_pending_write_bytes=2000, max_pending_write_bytes_total=3000
+    )
+    holder, first, expiry = await writes_behind_a_silent_holder(
+        cluster, p.Write(id=1, path="f", data=bytes(2000))
+    )
+    second = await cluster.raw("second writer")
+    await second.send(p.Write(id=2, path="f", data=bytes(1000)))  # 3000 in all: room
+    await second.send(p.Write(id=3, path="f", data=bytes(1)))  # within its own, not the server's
+    refused = await second.receive()
+    assert trio.current_time() == at(0.0)  # not held: answered on arrival
+    assert isinstance(refused, p.Error) and refused.id == 3 and refused.code == "too_large"
+    assert "max_pending_write_bytes_total=3000" in refused.message
+    written = await first.receive()  # the two within it wait, in arrival order
+    assert isinstance(written, p.Written) and written.id == 1
+    assert trio.current_time() == at(expiry)
+    written = await second.receive()
+    assert isinstance(written, p.Written) and written.id == 2
+    assert isinstance(await ask(second, p.Write(id=4, path="g", data=bytes(2000))), p.Written)
+    await holder.close()
+
+
 async def test_a_resumed_session_shares_its_pending_bytes_with_its_lost_connection(
     nursery, root, autojump_clock
 ):
