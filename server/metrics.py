@@ -68,6 +68,13 @@ GAUGES = {
     "session_ttl": ("fscache_session_ttl_seconds", "a detached session's life"),
 }
 INFO = "epoch"  # a label of fscache_server_info, not a number
+# Counters whose field name would collide with a gauge's once ``_total`` is added.
+COUNTERS = {"connections_total": "fscache_connections_accepted"}
+
+
+def counter_family(field: str) -> str:
+    """The counter family of ``fscache stats`` field ``field`` (its sample adds ``_total``)."""
+    return COUNTERS.get(field, f"fscache_{field}")
 
 
 class Histogram:
@@ -133,7 +140,7 @@ class ServiceCollector(Collector):
                 name, doc = GAUGES[field]
                 yield GaugeMetricFamily(name, doc, value=value)
             else:
-                yield CounterMetricFamily(f"fscache_{field}", f"`fscache stats` {field}", value)
+                yield CounterMetricFamily(counter_family(field), f"stats: {field}", value)
         for field, (name, doc) in HISTOGRAMS.items():
             counts, total = snapshot.histograms[field]
             cumulative, buckets = 0, []
