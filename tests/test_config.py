@@ -118,24 +118,21 @@ def test_the_command_line_overrides_the_file(tmp_path: Path) -> None:
     assert args.hot_writes == 3  # neither: the default
 
 
-def test_serve_without_a_root_anywhere_is_bad_usage(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("term = 5\n", "needs --root (or root in the --config file)"),
+        ("trem = 5\n", "unknown key 'trem'; did you mean 'term'"),
+    ],
+)
+def test_a_file_without_a_root_or_with_a_bad_key_is_bad_usage_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
 ) -> None:
     with pytest.raises(SystemExit) as exit_:
-        main(["serve", "--config", config(tmp_path, "term = 5\n")])
+        main(["serve", "--config", config(tmp_path, text)])
 
     assert exit_.value.code == 2
-    assert "needs --root (or root in the --config file)" in capsys.readouterr().err
-
-
-def test_a_bad_file_is_bad_usage_with_the_reason(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        main(["serve", "--config", config(tmp_path, "trem = 5\n")])
-
-    assert exit_.value.code == 2
-    assert "unknown key 'trem'; did you mean 'term'" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- the example file
