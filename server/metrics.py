@@ -99,13 +99,13 @@ class Histogram:
 class Latencies:
     """The server's histograms, each observed once per request where it is answered."""
 
-    read: Histogram = dataclasses.field(default_factory=Histogram)  # arrival to reply
+    read: Histogram = dataclasses.field(default_factory=Histogram)  # arrival to grant
     write: Histogram = dataclasses.field(default_factory=Histogram)  # arrival to reply
     write_delay: Histogram = dataclasses.field(default_factory=Histogram)  # arrival to apply
 
 
 HISTOGRAMS = {
-    "read": ("fscache_read_latency_seconds", "reads (whole, ranged, listings): arrival to reply"),
+    "read": ("fscache_read_latency_seconds", "reads (whole, ranged, listings): arrival to grant"),
     "write": ("fscache_write_latency_seconds", "applied writes: arrival to reply"),
     "write_delay": ("fscache_write_delay_seconds", "writes: arrival to apply (approvals, expiry)"),
 }
