@@ -1536,6 +1536,8 @@ def _closed_because(connection: Connection, exc: BaseException | None) -> str:
     """Why a connection ended, for its disconnect event."""
     if connection.goodbye:
         return "goodbye"
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]  # a nursery's wrapping
     if exc is None:
         return "closed by the client"
     if isinstance(exc, trio.Cancelled):
