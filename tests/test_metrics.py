@@ -2,8 +2,9 @@
 
 Test rules: a real ``fscache serve --metrics-port 0`` process on 127.0.0.1, scraped
 over HTTP and parsed with prometheus-client's own parser; counters are checked to
-move by exactly what the test did, never against a time. The histograms' buckets
-are checked with exact values, in process.
+move by exactly what the test did, never against a time. The histograms are checked
+with exact values in process: their buckets directly, and what the service observes
+under ``autojump_clock`` over memory streams (``harness.Cluster``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 import fscache
@@ -31,7 +33,10 @@ from fscache.server.metrics import (
     ServiceCollector,
     Snapshot,
     counter_family,
+    take_snapshot,
 )
+
+from .harness import Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -215,3 +220,40 @@ def test_the_collector_reports_cumulative_buckets_and_counters_with_total() -> N
     assert buckets["5.0"] == 2
     assert buckets["+Inf"] == 2
     assert set(HISTOGRAMS) == {"read", "write", "write_delay"}
+
+
+# ---------------------------------------------------------------- exact instants, in process
+async def test_a_waited_out_lease_is_one_write_delay_of_exactly_the_remaining_lease(
+    nursery: trio.Nursery, root: Path, autojump_clock: Any
+) -> None:
+    cluster = Cluster(nursery, root, term=10.0, skew=0.1)
+    service = await cluster.start()
+    async with cluster.client("seeder") as seeder:
+        await seeder.write("f", b"v1")  # applied on arrival: a delay of 0
+    silent = await cluster.raw("silent")
+    await silent.read("f")  # granted on arrival: a read latency of 0
+    await trio.sleep(2.0)
+    async with cluster.client("writer") as writer:
+        await writer.write("f", b"v2")  # waits out the silent holder: 8.1 s
+    await silent.close()
+
+    families = {
+        family.name: {sample.name + str(sample.labels.get("le", "")): sample.value
+                      for sample in family.samples}
+        for family in ServiceCollector(lambda: take_snapshot(service)).collect()
+    }  # fmt: skip
+    delay = families["fscache_write_delay_seconds"]
+    assert delay["fscache_write_delay_seconds_count"] == 2
+    assert delay["fscache_write_delay_seconds_sum"] == pytest.approx(8.1, abs=1e-9)
+    assert delay["fscache_write_delay_seconds_bucket0.0005"] == 1  # the seed
+    assert delay["fscache_write_delay_seconds_bucket5.0"] == 1
+    assert delay["fscache_write_delay_seconds_bucket10.0"] == 2  # the wait
+    assert families["fscache_write_latency_seconds"]["fscache_write_latency_seconds_sum"] == (
+        pytest.approx(8.1, abs=1e-9)
+    )
+    read = families["fscache_read_latency_seconds"]
+    assert read["fscache_read_latency_seconds_count"] == 1
+    assert read["fscache_read_latency_seconds_sum"] == 0.0
+    assert families["fscache_writes_delayed"]["fscache_writes_delayed_total"] == 1
+    assert families["fscache_approvals_sent"]["fscache_approvals_sent_total"] == 1
+    assert families["fscache_leases_active"]["fscache_leases_active"] == 0  # all gone by now
