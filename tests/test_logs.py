@@ -14,6 +14,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +48,28 @@ def events(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
+def wait_for_events(path: Path, name: str, count: int, timeout: float = 30.0) -> None:
+    """Poll the log at ``path`` until it holds ``count`` events ``name`` (whole lines)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        whole = path.read_text().rpartition("\n")[0].splitlines()
+        if sum(json.loads(line)["event"] == name for line in whole) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {count} {name} events in {timeout} s")
+
+
 def test_a_write_delayed_by_a_killed_holder_is_logged_from_connect_to_expiry(
     root: Path, tmp_path: Path
 ) -> None:
     log_path = tmp_path / "server.log"
-    with log_path.open("w") as log_file:
-        args = ("--root", str(root), "--port", "0", "--log-format", "json")
-        timing = ("--term", str(TERM), "--skew", str(SKEW), "--hot-writes", "0")
-        with (
-            serve_process(*args, *timing, stderr=log_file) as server,
-            fscache.connect(server.address, client_id="writer") as writer,
-        ):
+    args = ("--root", str(root), "--port", "0", "--log-format", "json")
+    timing = ("--term", str(TERM), "--skew", str(SKEW), "--hot-writes", "0")
+    with (
+        log_path.open("w") as log_file,
+        serve_process(*args, *timing, stderr=log_file) as server,
+    ):
+        with fscache.connect(server.address, client_id="writer") as writer:
             writer.write("f.txt", b"old")
             holder = subprocess.Popen(
                 [sys.executable, "-c", HOLDER, server.address],
@@ -72,6 +84,7 @@ def test_a_write_delayed_by_a_killed_holder_is_logged_from_connect_to_expiry(
                 holder.stdin.close()  # type: ignore[union-attr]
                 holder.stdout.close()  # type: ignore[union-attr]
             writer.write("f.txt", b"new")  # waits out the holder's lease
+        wait_for_events(log_path, "disconnect", 2)  # the server reads the goodbye in its time
 
     logged = events(log_path)
     names = [line["event"] for line in logged]  # in the order they happened
