@@ -265,7 +265,8 @@ def _serve(args: argparse.Namespace) -> int:
                 host, port = await nursery.start(
                     serve_metrics, service, args.metrics_host, args.metrics_port
                 )
-                print(f"metrics at http://{host}:{port}/metrics", flush=True)
+                shown = f"[{host}]" if ":" in host else host  # an IPv6 address
+                print(f"metrics at http://{shown}:{port}/metrics", flush=True)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
                     print(f"{signal.Signals(signum).name}: shutting down", flush=True)
