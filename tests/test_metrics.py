@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -147,6 +149,44 @@ def test_a_scrape_shows_counters_gauges_and_histograms_move_with_reads_and_write
     assert during[f'fscache_server_info{{epoch="{stats["epoch"]}"}}'] == 1
     assert after["fscache_connections"] == 0
     assert "process_cpu_seconds_total" in after
+
+
+def test_scrapes_during_a_stream_of_requests_are_each_consistent_and_never_go_back(
+    root: Path,
+) -> None:
+    """Each scrape is one snapshot taken on the event loop: within it, a histogram's
+    +Inf bucket is its count; across scrapes, counters only grow."""
+    with serve_process("--root", str(root), "--port", "0", "--metrics-port", "0") as server:
+        assert server.metrics is not None
+        stop = threading.Event()
+
+        def traffic(name: str) -> None:
+            with fscache.connect(server.address, client_id=name, cache_bytes=0) as client:
+                for i in itertools.count():
+                    if stop.is_set():
+                        return
+                    client.write(f"{name}.txt", b"%d" % i)
+                    client.read(f"{name}.txt")
+
+        workers = [threading.Thread(target=traffic, args=(f"c{i}",)) for i in range(2)]
+        for worker in workers:
+            worker.start()
+        try:
+            scrapes = []
+            while len(scrapes) < 20 or scrapes[-1]["fscache_writes_total"] < 50:
+                scrapes.append(scrape(server.metrics))
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.join()
+
+    for samples in scrapes:
+        for name, _ in HISTOGRAMS.values():
+            assert samples[f'{name}_bucket{{le="+Inf"}}'] == samples[f"{name}_count"]
+        assert samples["fscache_writes_applied_total"] <= samples["fscache_writes_total"]
+    for earlier, later in itertools.pairwise(scrapes):
+        for name in ("fscache_reads_total", "fscache_writes_total", "fscache_messages_in_total"):
+            assert earlier[name] <= later[name]
 
 
 def test_every_stats_field_is_a_metric(root: Path) -> None:
