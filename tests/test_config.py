@@ -174,7 +174,7 @@ def test_a_server_started_from_a_file_with_every_option_uses_each(tmp_path: Path
     with (
         log_path.open("w") as log_file,
         serve_process(
-            "--config", str(etc / "fscache.toml"), cwd=elsewhere, stderr=log_file
+            "--config", str(etc / "fscache.toml"), metrics=True, cwd=elsewhere, stderr=log_file
         ) as server,
     ):
         assert server.host == "127.0.0.2"  # host

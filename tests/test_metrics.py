@@ -61,10 +61,11 @@ class Served:
 
 @contextlib.contextmanager
 def serve_process(
-    *args: str, cwd: Path | None = None, stderr: IO[Any] | None = None
+    *args: str, metrics: bool = False, cwd: Path | None = None, stderr: IO[Any] | None = None
 ) -> Iterator[Served]:
     """``fscache serve ARGS`` in a child process, until SIGTERM on exit (SIGKILL if it
-    does not stop). Its stderr goes to ``stderr`` (else nowhere)."""
+    does not stop); ``metrics``: ARGS ask for metrics, and it says where. Its stderr
+    goes to ``stderr`` (else nowhere)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "fscache", "serve", *args],
         stdout=subprocess.PIPE, stderr=stderr or subprocess.DEVNULL, text=True, cwd=cwd,
@@ -74,12 +75,12 @@ def serve_process(
         line = process.stdout.readline()
         address = parse_serving_line(line)
         assert address is not None, f"not a serving line: {line!r}"
-        metrics = None
-        if any(arg.startswith("--metrics-port") for arg in args) or "--config" in args:
+        url = None
+        if metrics:
             while not (line := process.stdout.readline()).startswith("metrics at "):
                 assert line, "the server ended before it said where its metrics are"
-            metrics = line.removeprefix("metrics at ").strip()
-        yield Served(process, address[0], address[1], metrics)
+            url = line.removeprefix("metrics at ").strip()
+        yield Served(process, address[0], address[1], url)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -108,7 +109,9 @@ def scrape(url: str) -> dict[str, float]:
 def test_a_scrape_shows_counters_gauges_and_histograms_move_with_reads_and_writes(
     root: Path,
 ) -> None:
-    with serve_process("--root", str(root), "--port", "0", "--metrics-port", "0") as server:
+    with serve_process(
+        "--root", str(root), "--port", "0", "--metrics-port", "0", metrics=True
+    ) as server:
         assert server.metrics is not None
         before = scrape(server.metrics)
         with (
@@ -156,7 +159,9 @@ def test_scrapes_during_a_stream_of_requests_are_each_consistent_and_never_go_ba
 ) -> None:
     """Each scrape is one snapshot taken on the event loop: within it, a histogram's
     +Inf bucket is its count; across scrapes, counters only grow."""
-    with serve_process("--root", str(root), "--port", "0", "--metrics-port", "0") as server:
+    with serve_process(
+        "--root", str(root), "--port", "0", "--metrics-port", "0", metrics=True
+    ) as server:
         assert server.metrics is not None
         stop = threading.Event()
 
@@ -190,7 +195,9 @@ def test_scrapes_during_a_stream_of_requests_are_each_consistent_and_never_go_ba
 
 
 def test_every_stats_field_is_a_metric(root: Path) -> None:
-    with serve_process("--root", str(root), "--port", "0", "--metrics-port", "0") as server:
+    with serve_process(
+        "--root", str(root), "--port", "0", "--metrics-port", "0", metrics=True
+    ) as server:
         assert server.metrics is not None
         samples = scrape(server.metrics)
         with fscache.connect(server.address) as client:
@@ -209,7 +216,9 @@ def test_every_stats_field_is_a_metric(root: Path) -> None:
 
 def test_the_metrics_port_is_refused_with_the_reason_when_taken(root: Path) -> None:
     (root / "other").mkdir()
-    with serve_process("--root", str(root), "--port", "0", "--metrics-port", "0") as first:
+    with serve_process(
+        "--root", str(root), "--port", "0", "--metrics-port", "0", metrics=True
+    ) as first:
         assert first.metrics is not None
         taken = first.metrics.rsplit(":", 1)[1].split("/")[0]
         done = subprocess.run(
