@@ -43,15 +43,6 @@ def serve_args(*argv: str) -> Any:
 
 
 # ---------------------------------------------------------------- the file's checks
-def test_every_serve_option_is_a_key_and_nothing_else() -> None:
-    keys = set(options(SERVE))
-
-    assert keys == {
-        "root", "host", "port", "term", "skew", "hot-writes", "session-ttl", "tls",
-        "access", "shared", "metrics-port", "metrics-host", "log-format",
-    }  # fmt: skip
-
-
 def test_an_unknown_key_is_named_with_the_nearest_known_one(tmp_path: Path) -> None:
     path = config(tmp_path, "term = 5\nsesion-ttl = 7\n")
 
