@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="serve a directory tree")
-    serve.add_argument("--root", required=True, help="the directory to serve")
+    serve.add_argument("--config", metavar="FILE", help="options from a TOML file; flags win")
+    serve.add_argument("--root", metavar="DIR", help="the directory to serve (required)")
     serve.add_argument("--host", default=DEFAULT_HOST)
     serve.add_argument("--port", type=_port, default=DEFAULT_PORT, help="0 picks a free port")
     serve.add_argument("--term", type=_seconds, default=DEFAULT_TERM, help="lease term, seconds")
@@ -91,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--shared", action="store_true", help="new files and directories readable by the group"
     )
+    serve.add_argument(
+        "--metrics-port", type=_port, help="serve Prometheus metrics at /metrics; 0: a free port"
+    )
+    serve.add_argument("--metrics-host", default=DEFAULT_HOST, help="the metrics' address")
+    serve.add_argument(
+        "--log-format", choices=("text", "json"), default="text",
+        help="json: one JSON object per line per event",
+    )  # fmt: skip
 
     def client_command(name: str, help_text: str) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
@@ -155,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "serve":
+        args = _serve_options(parser, argv, args)
     try:
         try:
             return _COMMANDS[args.command](args)
@@ -196,13 +207,40 @@ def _single_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | No
 
 
 # ---------------------------------------------------------------- serve
+def _serve_options(
+    parser: argparse.ArgumentParser, argv: list[str], args: argparse.Namespace
+) -> argparse.Namespace:
+    """The serve options: ``--config``'s file under the command line's flags."""
+    if args.config is not None:
+        from fscache.server.config import BadConfig, load
+
+        serve = _subcommand(parser, "serve")
+        try:
+            serve.set_defaults(**load(args.config, serve))
+        except BadConfig as exc:
+            serve.error(str(exc))
+        args = parser.parse_args(argv)
+    if args.root is None:
+        parser.error("fscache serve needs --root (or root in the --config file)")
+    return args
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            command: argparse.ArgumentParser = action.choices[name]
+            return command
+    raise LookupError(name)
+
+
 def _serve(args: argparse.Namespace) -> int:
     import trio
 
+    from fscache.server.logs import configure
+    from fscache.server.metrics import serve_metrics
     from fscache.server.service import ServerSettings, serve
 
-    if args.verbose == 0:
-        logging.getLogger("fscache").setLevel(logging.INFO)
+    configure(args.log_format, args.verbose)
     root = os.path.abspath(args.root)  # the store checks that it is a directory
     settings = ServerSettings(
         root=root, host=args.host, port=args.port, term=args.term, skew=args.skew,
@@ -223,6 +261,12 @@ def _serve(args: argparse.Namespace) -> int:
             )
             if window > 0:
                 print(f"restart window: writes held for {window:g} s", flush=True)
+            if args.metrics_port is not None:
+                host, port = await nursery.start(
+                    serve_metrics, service, args.metrics_host, args.metrics_port
+                )
+                shown = f"[{host}]" if ":" in host else host  # an IPv6 address
+                print(f"metrics at http://{shown}:{port}/metrics", flush=True)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
                     print(f"{signal.Signals(signum).name}: shutting down", flush=True)

@@ -285,6 +285,8 @@ class LeaseTable:
         self.leases_granted = 0
         self.approvals_sent = 0
         self.writes_delayed = 0  # writes that could not be applied on arrival
+        self.waited_out: list[tuple[OpId, str, HolderId]] = []  # (write, key, holder) whose
+        # lease ran out unapproved; the caller reads and clears it (its log)
 
     # ------------------------------------------------------------ queries
     def next_deadline(self) -> float | None:
@@ -533,6 +535,7 @@ class LeaseTable:
         for (key, holder), dead_by in list(write.waiting_on.items()):
             if now >= dead_by:
                 del write.waiting_on[(key, holder)]
+                self.waited_out.append((write.op, key, holder))
                 self._end_lease(key, holder)
 
     def _try_apply(self, write: _Op, now: float) -> list[Effect]:

@@ -60,6 +60,8 @@ import math
 import secrets
 import signal
 import ssl
+import sys
+import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
@@ -94,6 +96,8 @@ from fscache.leases import (
 )
 from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize, normalize_key
+from fscache.server.logs import event, wall_time
+from fscache.server.metrics import Latencies
 from fscache.server.store import Facts, Store, Upload
 from fscache.sessions import Attached, SessionTable, default_ttl
 from fscache.settings import (
@@ -379,6 +383,7 @@ class Connection:
     identity: str = ANONYMOUS  # the name on the client's certificate (fscache.access)
     attachment: int = 0  # its number in the session table
     in_flight: int = 0  # requests the lease table holds (queued reads, waiting writes)
+    received_at: float = 0.0  # when the batch being handled arrived
     slot_freed: trio.Event = dataclasses.field(default_factory=trio.Event)
 
     def send(self, message: p.Message) -> None:
@@ -426,6 +431,7 @@ class _Pending:
     version: int = 0
     not_durable: NotDurable | None = None  # applied, visible, maybe not on disk: an error
     nbytes: int = 0  # the request's data held in memory until it is answered
+    arrived: float = 0.0  # when the lease table took it (for the latency histograms)
 
 
 _NOTHING_TO_CACHE = (p.Delete, p.MkDir, p.RmDir)  # answered Done; the writer's lease goes
@@ -494,6 +500,7 @@ class FileService:
         self._timer_wake = trio.Event()
         self._timer_at = math.inf
         self.counters = Counters()
+        self.latency = Latencies()  # fscache.server.metrics
         self.access = None if settings.access_file is None else load_access(settings.access_file)
 
     # ------------------------------------------------------------ running
@@ -514,6 +521,13 @@ class FileService:
             log.warning(
                 "serving plain TCP on %s:%s, beyond this machine: anyone who can reach it"
                 " reads and writes as %r; use --tls", self.host, self.port, ANONYMOUS,
+            )  # fmt: skip
+        if self.restart_window > 0:
+            wall = time.time()
+            event(
+                "restart_window", "writes held for %.3f s by the restart window",
+                self.restart_window, start=wall_time(wall),
+                until=wall_time(wall + self.restart_window), seconds=self.restart_window,
             )  # fmt: skip
         async with trio.open_nursery() as nursery:
             if s.access_file is not None:
@@ -562,7 +576,10 @@ class FileService:
             self._timer_wake = trio.Event()
             now = trio.current_time()
             for expired in self.sessions.tick(now):
-                log.debug("session %s (%s) expired", expired.session, expired.label)
+                event(
+                    "session_expired", "session %s (%s) expired", expired.session,
+                    expired.label, session=expired.session, label=expired.label,
+                )  # fmt: skip
             self._execute(self.table.tick(now))
             self.store.settle()
 
@@ -714,7 +731,11 @@ class FileService:
             self.connections[holder] = connection
             self._by_identity[identity] += 1
             connection.send(self._welcome(attached, secret))
-            log.debug("%s: client %s connected, session %s", peer, hello.client_id, holder)
+            event(
+                "connect", "%s: client %s connected, session %s", peer, hello.client_id, holder,
+                peer=peer, session=holder, label=hello.client_id, identity=identity,
+                resumed=attached.resumed,
+            )  # fmt: skip
             try:
                 self._execute(self.table.connected(holder, trio.current_time()))
                 async with trio.open_nursery() as nursery:
@@ -742,9 +763,10 @@ class FileService:
                     self._execute(
                         self.table.disconnected(holder, goodbye=connection.goodbye, now=now)
                     )
-                log.debug(
-                    "%s: client %s %s", peer, holder,
-                    "said goodbye" if connection.goodbye else "disconnected",
+                reason = _closed_because(connection, sys.exc_info()[1])
+                event(
+                    "disconnect", "%s: client %s disconnected: %s", peer, holder, reason,
+                    peer=peer, session=holder, goodbye=connection.goodbye, reason=reason,
                 )  # fmt: skip
         if cancel.cancelled_caught:
             self.counters.connections_dropped += 1
@@ -804,6 +826,7 @@ class FileService:
                     frame_began = received_at
                 decoder.feed(data)
             received_with_hello = False
+            connection.received_at = received_at
             outbox.batching = True
             try:
                 while (message := decoder.next_message()) is not None:
@@ -846,6 +869,7 @@ class FileService:
     def _hold(self, op: OpId, pending: _Pending) -> None:
         """The lease table holds ``pending`` (a queued read, a waiting write) as ``op``."""
         self._pending[op] = pending
+        pending.arrived = trio.current_time()
         connection = pending.connection
         connection.in_flight += 1
         if pending.nbytes:
@@ -892,11 +916,13 @@ class FileService:
         self.counters.reads += 1
         path = normalize(message.path)
         op = self._new_op()
-        term = self.table.read(op, connection.holder, path, trio.current_time())
+        now = trio.current_time()
+        term = self.table.read(op, connection.holder, path, now)
         if term is not None:  # granted at once, the common case
             if term and self.table.leases_held(connection.holder) > self._max_leases:
                 term = self._beyond_lease_limit(connection, path)
             self._serve_read(connection, message, path, term)
+            self.latency.read.observe(now - connection.received_at)
         else:  # queued behind a write: served by _execute when granted
             self._hold(op, _Pending(connection, message))
         # The lease may sweep earlier than the timer is set for: the receive loop
@@ -937,9 +963,11 @@ class FileService:
     def _read_lease(self, connection: Connection, message: _LeasedRead, key: str) -> None:
         """Take a read lease on ``key`` for ``message`` and answer it when granted."""
         op = self._new_op()
-        term = self.table.read(op, connection.holder, key, trio.current_time())
+        now = trio.current_time()
+        term = self.table.read(op, connection.holder, key, now)
         if term is not None:
             self._serve_granted(connection, message, key, term)
+            self.latency.read.observe(now - connection.received_at)
         else:
             self._hold(op, _Pending(connection, message))
 
@@ -1017,7 +1045,11 @@ class FileService:
             self._check_pending_bytes(connection.holder, nbytes)
         op = self._new_op()
         self._hold(op, _Pending(connection, message, apply, nbytes=nbytes))
-        self._execute(self.table.write(op, connection.holder, footprint, trio.current_time()))
+        delayed = self.table.writes_delayed
+        effects = self.table.write(op, connection.holder, footprint, trio.current_time())
+        if self.table.writes_delayed != delayed:
+            self._log_delayed(op, footprint.keys[0], effects)
+        self._execute(effects)
 
     def _check_pending_bytes(self, holder: HolderId, nbytes: int) -> None:
         """:class:`TooLarge` if ``nbytes`` more of waiting write data would be over the
@@ -1254,24 +1286,52 @@ class FileService:
                 request = pending.request
                 assert isinstance(request, _LeasedRead)
                 self._serve_granted(pending.connection, request, effect.path, effect.term)
+                self.latency.read.observe(trio.current_time() - pending.arrived)
             elif isinstance(effect, SendApprovalRequest):
                 connection = self.connections.get(effect.holder)
                 if connection is not None:
                     connection.send(p.ApprovalRequest(path=effect.path, write=effect.write))
             elif isinstance(effect, ApplyWrite):
+                delay = trio.current_time() - self._pending[effect.op].arrived
+                self.latency.write_delay.observe(delay)
                 assert self._nursery is not None
                 self._nursery.start_soon(self._apply_write, effect)
             elif isinstance(effect, WriteCommitted):
                 self._write_committed(effect)
             elif isinstance(effect, Discarded):
                 self._release(effect.op)
+        if self.table.waited_out:
+            self._log_waited_out()
         self._deadline_may_have_moved()  # even with no effects: a write may now wait
+
+    def _log_delayed(self, op: OpId, path: str, effects: list[Effect]) -> None:
+        """Write ``op`` on ``path`` could not be applied on arrival: say what it waits for."""
+        asked = [e.holder for e in effects if isinstance(e, SendApprovalRequest) and e.write == op]
+        window = self.table.hold_writes_until - trio.current_time()
+        cause = "approvals" if asked else "restart window" if window > 0 else "an earlier write"
+        event(
+            "write_delayed", "write of %s waits for %s", path, cause, path=path, cause=cause,
+            asked=sorted(set(asked)), restart_window_s=round(max(window, 0.0), 3),
+        )  # fmt: skip
+
+    def _log_waited_out(self) -> None:
+        """Log each lease a write waited out: its holder never approved."""
+        now = trio.current_time()
+        for op, key, holder in self.table.waited_out:
+            pending = self._pending.get(op)
+            waited = 0.0 if pending is None else now - pending.arrived
+            event(
+                "lease_expired", "write of %s waited out %s's lease (%.3f s)", key, holder,
+                waited, holder=holder, path=key, waited_s=round(waited, 3),
+            )  # fmt: skip
+        self.table.waited_out.clear()
 
     def _write_committed(self, effect: WriteCommitted) -> None:
         """Answer an applied write. The writer keeps its lease on the name it wrote only
         when it has a file's contents to cache."""
         pending = self._release(effect.op)
         assert pending is not None
+        self.latency.write.observe(trio.current_time() - pending.arrived)
         request = pending.request
         term = effect.term
         if pending.not_durable is not None:  # the writer knows no version: nothing to cache
@@ -1486,6 +1546,19 @@ def _peer_name(stream: trio.abc.Stream) -> str:
         return f"{host}:{port}"
     except (AttributeError, OSError, ValueError):
         return "peer"
+
+
+def _closed_because(connection: Connection, exc: BaseException | None) -> str:
+    """Why a connection ended, for its disconnect event."""
+    if connection.goodbye:
+        return "goodbye"
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]  # a nursery's wrapping
+    if exc is None:
+        return "closed by the client"
+    if isinstance(exc, trio.Cancelled):
+        return "dropped by the server"
+    return str(exc) or type(exc).__name__
 
 
 async def _send_quietly(wire: Wire, message: p.Message) -> None:

@@ -1,0 +1,185 @@
+"""Prometheus metrics: the server's counters, gauges and latency histograms at ``/metrics``.
+
+Theory of operation
+-------------------
+The request path pays nothing for counters: the server already counts into plain
+integers (its :class:`~fscache.server.service.Counters`, the lease table's and the
+session table's), and :class:`ServiceCollector` reads them when Prometheus scrapes.
+Latencies are the one thing observed per request: :meth:`Histogram.observe` is a
+bisection and two additions, on the event loop's thread, with no lock.
+
+prometheus-client serves ``/metrics`` from its own thread
+(:func:`prometheus_client.start_http_server`), so a scrape never blocks the event
+loop. That thread does not read the server's tables itself (a dict the loop is
+changing cannot be iterated from another thread): it asks the loop for one
+snapshot with :func:`trio.from_thread.run_sync` and waits for it. The snapshot is
+taken between two events, so its values are consistent with each other, and the
+loop spends on it what ``fscache stats`` costs it.
+
+Names follow Prometheus' conventions: ``fscache_`` and the ``fscache stats`` field,
+``_total`` on counters, ``_seconds`` on durations (``docs/design.md``, Metrics).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import trio
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from fscache.errors import FscacheError
+
+if TYPE_CHECKING:
+    from fscache.server.service import FileService
+
+# Upper bounds of the latency buckets, seconds: a request handled at once takes well
+# under a millisecond; a write may wait out a lease (term + skew, 10.1 s by default)
+# or a restart window.
+BUCKETS = (
+    *(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
+    *(1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0),
+)
+
+# The ``fscache stats`` fields that are levels now (gauges), by metric name; every
+# other number there only grows, and is the counter ``fscache_<field>_total``.
+GAUGES = {
+    "leases_active": ("fscache_leases_active", "leases live now"),
+    "writes_pending": ("fscache_writes_pending", "writes waiting now"),
+    "connections": ("fscache_connections", "connections open now"),
+    "sessions": ("fscache_sessions", "sessions held now (attached or within their TTL)"),
+    "uptime_s": ("fscache_uptime_seconds", "seconds since this incarnation started"),
+    "restart_window_s": (
+        "fscache_restart_window_seconds",
+        "seconds writes are still held by the restart window",
+    ),
+    "term": ("fscache_term_seconds", "the maximum lease term"),
+    "skew": ("fscache_skew_seconds", "the clock-skew allowance"),
+    "session_ttl": ("fscache_session_ttl_seconds", "a detached session's life"),
+}
+INFO = "epoch"  # a label of fscache_server_info, not a number
+# Counters whose field name would collide with a gauge's once ``_total`` is added.
+COUNTERS = {"connections_total": "fscache_connections_accepted"}
+
+
+def counter_family(field: str) -> str:
+    """The counter family of ``fscache stats`` field ``field`` (its sample adds ``_total``)."""
+    return COUNTERS.get(field, f"fscache_{field}")
+
+
+class Histogram:
+    """Counts of observed durations per bucket, and their sum. Written only by the
+    event loop's thread; read from it too (:meth:`snapshot`)."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BUCKETS) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(BUCKETS, seconds)] += 1
+        self.sum += seconds
+
+    def snapshot(self) -> tuple[list[int], float]:
+        return list(self.counts), self.sum
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Latencies:
+    """The server's histograms, each observed once per request where it is answered."""
+
+    read: Histogram = dataclasses.field(default_factory=Histogram)  # arrival to grant
+    write: Histogram = dataclasses.field(default_factory=Histogram)  # arrival to reply
+    write_delay: Histogram = dataclasses.field(default_factory=Histogram)  # arrival to apply
+
+
+HISTOGRAMS = {
+    "read": ("fscache_read_latency_seconds", "reads (whole, ranged, listings): arrival to grant"),
+    "write": ("fscache_write_latency_seconds", "applied writes: arrival to reply"),
+    "write_delay": ("fscache_write_delay_seconds", "writes: arrival to apply (approvals, expiry)"),
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
+    stats: Mapping[str, Any]
+    histograms: Mapping[str, tuple[list[int], float]]
+
+
+def take_snapshot(service: FileService) -> Snapshot:
+    """Everything a scrape reports, read between two events on the event loop."""
+    stats = {**service.stats(), "sessions_opened": service.sessions.opened}
+    latency = service.latency
+    histograms = {name: getattr(latency, name).snapshot() for name in HISTOGRAMS}
+    return Snapshot(stats, histograms)
+
+
+class ServiceCollector(Collector):
+    """Turns a :class:`Snapshot`, asked for at each scrape, into metric families."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._snapshot()
+        for field, value in snapshot.stats.items():
+            if field == INFO:
+                yield InfoMetricFamily("fscache_server", "this incarnation", {field: str(value)})
+            elif field in GAUGES:
+                name, doc = GAUGES[field]
+                yield GaugeMetricFamily(name, doc, value=value)
+            else:
+                yield CounterMetricFamily(counter_family(field), f"stats: {field}", value)
+        for field, (name, doc) in HISTOGRAMS.items():
+            counts, total = snapshot.histograms[field]
+            cumulative, buckets = 0, []
+            for bound, count in zip((*BUCKETS, float("inf")), counts, strict=True):
+                cumulative += count
+                buckets.append((_bound(bound), cumulative))
+            yield HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
+
+
+def _bound(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
+
+
+async def serve_metrics(
+    service: FileService,
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``/metrics`` for ``service`` on ``host:port`` (0: a free port) from
+    prometheus-client's thread until cancelled; ``task_status`` gets the address."""
+    token = trio.lowlevel.current_trio_token()
+
+    def snapshot() -> Snapshot:
+        return trio.from_thread.run_sync(take_snapshot, service, trio_token=token)
+
+    registry = CollectorRegistry()
+    registry.register(ServiceCollector(snapshot))
+    ProcessCollector(registry=registry)  # process_cpu_seconds_total, memory, descriptors
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise FscacheError(f"cannot serve metrics on {host}:{port}: {exc}") from None
+    try:
+        task_status.started((host, server.server_port))
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(server.shutdown)
+        server.server_close()
+        thread.join()

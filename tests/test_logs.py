@@ -1,0 +1,218 @@
+"""JSON logs (``docs/design.md``, "Logs").
+
+Test rules: a real ``fscache serve --log-format json`` process on 127.0.0.1 with a
+short term; the lease holder is a real process killed with SIGKILL. Every line the
+server writes to stderr must parse as JSON; the events are checked for what happened
+and in what order, never for how long a real wait took. The exact wait an event
+reports is checked in process, under ``autojump_clock`` over memory streams
+(``harness.Cluster``); the formatter too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import fscache
+from fscache.server.logs import EVENTS, JsonFormatter, event
+
+from .harness import Cluster
+from .test_metrics import serve_process
+
+pytestmark = pytest.mark.slow
+
+TERM = 3.0  # long enough that the holder's lease outlives its kill on a busy machine
+SKEW = 0.1
+
+HOLDER = """
+import sys, fscache
+c = fscache.connect(sys.argv[1], client_id="holder")
+c.read("f.txt")
+print("cached", flush=True)
+sys.stdin.readline()
+"""
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    """Every line of the log at ``path``, each of which must be one JSON object."""
+    lines = path.read_text().splitlines()
+    assert lines, "the server logged nothing"
+    return [json.loads(line) for line in lines]
+
+
+def wait_for_events(path: Path, name: str, count: int, timeout: float = 30.0) -> None:
+    """Poll the log at ``path`` until it holds ``count`` events ``name`` (whole lines)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        whole = path.read_text().rpartition("\n")[0].splitlines()
+        if sum(json.loads(line)["event"] == name for line in whole) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {count} {name} events in {timeout} s")
+
+
+def test_a_write_delayed_by_a_killed_holder_is_logged_from_connect_to_expiry(
+    root: Path, tmp_path: Path
+) -> None:
+    log_path = tmp_path / "server.log"
+    args = ("--root", str(root), "--port", "0", "--log-format", "json")
+    timing = ("--term", str(TERM), "--skew", str(SKEW), "--hot-writes", "0")
+    with (
+        log_path.open("w") as log_file,
+        serve_process(*args, *timing, stderr=log_file) as server,
+    ):
+        with fscache.connect(server.address, client_id="writer") as writer:
+            writer.write("f.txt", b"old")
+            holder = subprocess.Popen(
+                [sys.executable, "-c", HOLDER, server.address],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            try:
+                assert holder.stdout is not None
+                assert holder.stdout.readline() == "cached\n"
+            finally:
+                holder.kill()  # SIGKILL: no goodbye, its lease stays until it expires
+                holder.wait()
+                holder.stdin.close()  # type: ignore[union-attr]
+                holder.stdout.close()  # type: ignore[union-attr]
+            writer.write("f.txt", b"new")  # waits out the holder's lease
+        wait_for_events(log_path, "disconnect", 2)  # the server reads the goodbye in its time
+
+    logged = events(log_path)
+    names = [line["event"] for line in logged]  # in the order they happened
+    assert all(isinstance(line["ts"], str) and "T" in line["ts"] for line in logged)
+    connects = {line["label"]: line for line in logged if line["event"] == "connect"}
+    assert set(connects) == {"writer", "holder"}
+    holder_session = connects["holder"]["session"]
+    assert connects["holder"]["identity"] == "anonymous"
+    assert connects["holder"]["peer"].startswith("127.0.0.1:")
+
+    delayed = [line for line in logged if line["event"] == "write_delayed"]
+    assert len(delayed) == 1
+    assert delayed[0]["path"] == "f.txt"
+    assert delayed[0]["cause"] == "approvals"
+    assert delayed[0]["asked"] == [holder_session]
+
+    expired = [line for line in logged if line["event"] == "lease_expired"]
+    assert len(expired) == 1
+    assert expired[0]["holder"] == holder_session
+    assert expired[0]["path"] == "f.txt"
+    assert expired[0]["waited_s"] > 0  # the remaining lease: up to term + skew
+
+    disconnects = {line["session"]: line for line in logged if line["event"] == "disconnect"}
+    assert disconnects[holder_session]["goodbye"] is False
+    assert disconnects[holder_session]["reason"]
+    assert disconnects[connects["writer"]["session"]]["goodbye"] is True
+
+    def at(name: str, session: str) -> int:
+        return next(
+            i
+            for i, line in enumerate(logged)
+            if (line["event"], line.get("session")) == (name, session)
+        )
+
+    writer_session = connects["writer"]["session"]
+    assert names.index("connect") == at("connect", writer_session)
+    assert at("connect", holder_session) < at("disconnect", holder_session)  # the kill
+    assert at("connect", holder_session) < names.index("write_delayed")  # (either first)
+    assert names.index("write_delayed") < names.index("lease_expired")
+    assert names.index("lease_expired") < at("disconnect", writer_session)
+
+
+def test_a_restarted_server_logs_its_restart_window(root: Path, tmp_path: Path) -> None:
+    args = ("--root", str(root), "--port", "0", "--term", str(TERM), "--skew", str(SKEW))
+    with serve_process(*args) as first:
+        with fscache.connect(first.address) as client:
+            client.write("f.txt", b"x")
+        first.process.kill()  # a crash: the next start holds writes
+        first.process.wait()
+    log_path = tmp_path / "again.log"
+    with (
+        log_path.open("w") as log_file,
+        serve_process(*args, "--log-format", "json", stderr=log_file),
+    ):
+        pass
+
+    windows = [line for line in events(log_path) if line["event"] == "restart_window"]
+    assert len(windows) == 1
+    assert windows[0]["seconds"] == pytest.approx(TERM + SKEW)
+    assert windows[0]["start"] < windows[0]["until"]
+
+
+def test_text_logs_keep_events_quiet_and_say_the_rest(root: Path, tmp_path: Path) -> None:
+    log_path = tmp_path / "text.log"
+    with (
+        log_path.open("w") as log_file,
+        serve_process("--root", str(root), "--port", "0", stderr=log_file) as server,
+        fscache.connect(server.address) as client,
+    ):
+        client.write("f.txt", b"x")
+
+    text = log_path.read_text()
+    assert "connected" not in text
+    assert not text.startswith("{")
+
+
+def test_the_formatter_writes_one_object_with_the_event_and_its_fields() -> None:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep()
+    EVENTS.addHandler(handler)
+    level = EVENTS.level
+    EVENTS.setLevel(logging.INFO)
+    try:
+        event("connect", "client %s connected", "a", peer="127.0.0.1:1", session="s.1")
+    finally:
+        EVENTS.removeHandler(handler)
+        EVENTS.setLevel(level)
+
+    line = json.loads(JsonFormatter().format(records[0]))
+    assert line["event"] == "connect"
+    assert line["message"] == "client a connected"
+    assert line["peer"] == "127.0.0.1:1"
+    assert line["session"] == "s.1"
+    assert line["ts"].endswith("+00:00")
+    plain = logging.LogRecord("fscache.server", logging.WARNING, "x", 1, "plain %d", (7,), None)
+    assert json.loads(JsonFormatter().format(plain))["event"] == "log"
+
+
+# ---------------------------------------------------------------- exact instants, in process
+async def test_the_waited_out_lease_is_logged_with_the_exact_wait(
+    nursery: trio.Nursery, root: Path, autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=EVENTS.name)
+    cluster = Cluster(nursery, root, term=10.0, skew=SKEW)
+    await cluster.start()
+    async with cluster.client("seeder") as seeder:
+        await seeder.write("f", b"v1")
+    silent = await cluster.raw("silent")
+    granted_at = trio.current_time()
+    await silent.read("f")
+    await trio.sleep(2.0)
+    async with cluster.client("writer") as writer:
+        arrived = trio.current_time()
+        await writer.write("f", b"v2")
+        applied = trio.current_time()
+    await silent.close()
+
+    logged = [(vars(r)["event"], vars(r)["fields"]) for r in caplog.records if "event" in vars(r)]
+    delayed = [fields for name, fields in logged if name == "write_delayed"]
+    expired = [fields for name, fields in logged if name == "lease_expired"]
+    assert applied == pytest.approx(granted_at + 10.0 + SKEW, abs=1e-9)
+    assert len(delayed) == 1 and delayed[0]["cause"] == "approvals"
+    assert len(expired) == 1
+    assert expired[0]["path"] == "f"
+    assert expired[0]["holder"] == delayed[0]["asked"][0]
+    assert expired[0]["waited_s"] == round(applied - arrived, 3) == 8.1

@@ -1,0 +1,313 @@
+"""Prometheus metrics (``docs/design.md``, "Metrics").
+
+Test rules: a real ``fscache serve --metrics-port 0`` process on 127.0.0.1, scraped
+over HTTP and parsed with prometheus-client's own parser; counters are checked to
+move by exactly what the test did, never against a time. The histograms are checked
+with exact values in process: their buckets directly, and what the service observes
+under ``autojump_clock`` over memory streams (``harness.Cluster``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+import fscache
+from fscache.cli import parse_serving_line
+from fscache.server.metrics import (
+    BUCKETS,
+    GAUGES,
+    HISTOGRAMS,
+    Histogram,
+    ServiceCollector,
+    Snapshot,
+    counter_family,
+    take_snapshot,
+)
+
+from .harness import Cluster
+
+pytestmark = pytest.mark.slow
+
+LOCAL = "127.0.0.1"
+
+
+# ---------------------------------------------------------------- a server process
+@dataclasses.dataclass
+class Served:
+    process: subprocess.Popen[str]
+    host: str
+    port: int
+    metrics: str | None  # the /metrics URL, with --metrics-port
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@contextlib.contextmanager
+def serve_process(
+    *args: str, metrics: bool = False, cwd: Path | None = None, stderr: IO[Any] | None = None
+) -> Iterator[Served]:
+    """``fscache serve ARGS`` in a child process, until SIGTERM on exit (SIGKILL if it
+    does not stop); ``metrics``: ARGS ask for metrics, and it says where. Its stderr
+    goes to ``stderr`` (else nowhere)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fscache", "serve", *args],
+        stdout=subprocess.PIPE, stderr=stderr or subprocess.DEVNULL, text=True, cwd=cwd,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        address = parse_serving_line(line)
+        assert address is not None, f"not a serving line: {line!r}"
+        url = None
+        if metrics:
+            while not (line := process.stdout.readline()).startswith("metrics at "):
+                assert line, "the server ended before it said where its metrics are"
+            url = line.removeprefix("metrics at ").strip()
+        yield Served(process, address[0], address[1], url)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample at ``url`` by name (labels folded into the name: ``a{le="1"}``)."""
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            samples[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
+    return samples
+
+
+# ---------------------------------------------------------------- scraping a server
+def test_a_scrape_shows_counters_gauges_and_histograms_move_with_reads_and_writes(
+    root: Path,
+) -> None:
+    with serve_process(
+        "--root", str(root), "--port", "0", "--metrics-port", "0", metrics=True
+    ) as server:
+        assert server.metrics is not None
+        before = scrape(server.metrics)
+        with (
+            fscache.connect(server.address, client_id="reader") as reader,
+            fscache.connect(server.address, client_id="writer") as writer,
+        ):
+            writer.write("a.txt", b"one")
+            reader.read("a.txt")  # a miss: a lease
+            reader.read("a.txt")  # a hit: the server sees nothing
+            writer.write("a.txt", b"two")  # the reader is asked, and approves
+            assert reader.read("a.txt") == b"two"
+            during = scrape(server.metrics)
+            stats = writer.server_stats()
+        after = scrape(server.metrics)
+        deadline = time.monotonic() + 30  # the goodbyes are read by the server in its time
+        while after["fscache_connections"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+            after = scrape(server.metrics)
+
+    def moved(name: str, samples: dict[str, float] = during) -> float:
+        return samples[name] - before[name]
+
+    assert moved("fscache_reads_total") == 2
+    assert moved("fscache_writes_total") == 2
+    assert moved("fscache_writes_applied_total") == 2
+    assert moved("fscache_approvals_sent_total") == 1
+    assert moved("fscache_approvals_received_total") == 1
+    assert moved("fscache_writes_delayed_total") == 1
+    assert moved("fscache_leases_granted_total") >= 2
+    assert moved("fscache_sessions_opened_total") == 2
+    assert moved("fscache_read_latency_seconds_count") == 2
+    assert moved("fscache_write_latency_seconds_count") == 2
+    assert moved("fscache_write_delay_seconds_count") == 2
+    assert during['fscache_read_latency_seconds_bucket{le="+Inf"}'] == 2
+    assert during["fscache_connections"] == 2
+    assert during["fscache_leases_active"] >= 1
+    assert during["fscache_term_seconds"] == 10.0
+    assert during[f'fscache_server_info{{epoch="{stats["epoch"]}"}}'] == 1
+    assert after["fscache_connections"] == 0
+    assert "process_cpu_seconds_total" in after
+
+
+def test_scrapes_during_a_stream_of_requests_are_each_consistent_and_never_go_back(
+    root: Path,
+) -> None:
+    """Each scrape is one snapshot taken on the event loop: within it, a histogram's
+    +Inf bucket is its count; across scrapes, counters only grow."""
+    with serve_process(
+        "--root", str(root), "--port", "0", "--metrics-port", "0", metrics=True
+    ) as server:
+        assert server.metrics is not None
+        stop = threading.Event()
+
+        def traffic(name: str) -> None:
+            with fscache.connect(server.address, client_id=name, cache_bytes=0) as client:
+                for i in itertools.count():
+                    if stop.is_set():
+                        return
+                    client.write(f"{name}.txt", b"%d" % i)
+                    client.read(f"{name}.txt")
+
+        workers = [threading.Thread(target=traffic, args=(f"c{i}",)) for i in range(2)]
+        for worker in workers:
+            worker.start()
+        try:
+            scrapes = []
+            while len(scrapes) < 20 or scrapes[-1]["fscache_writes_total"] < 50:
+                scrapes.append(scrape(server.metrics))
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.join()
+
+    for samples in scrapes:
+        for name, _ in HISTOGRAMS.values():
+            assert samples[f'{name}_bucket{{le="+Inf"}}'] == samples[f"{name}_count"]
+        assert samples["fscache_writes_applied_total"] <= samples["fscache_writes_total"]
+    for earlier, later in itertools.pairwise(scrapes):
+        for name in ("fscache_reads_total", "fscache_writes_total", "fscache_messages_in_total"):
+            assert earlier[name] <= later[name]
+
+
+def test_every_stats_field_is_a_metric(root: Path) -> None:
+    with serve_process(
+        "--root", str(root), "--port", "0", "--metrics-port", "0", metrics=True
+    ) as server:
+        assert server.metrics is not None
+        samples = scrape(server.metrics)
+        with fscache.connect(server.address) as client:
+            stats = client.server_stats()
+
+    names = {name.partition("{")[0] for name in samples}
+    for field in stats:
+        if field == "epoch":
+            assert "fscache_server_info" in names
+        elif field in GAUGES:
+            assert GAUGES[field][0] in names
+        else:
+            assert f"{counter_family(field)}_total" in names, field
+    assert len(names) == len({name.removesuffix("_total") for name in names})  # no clash
+
+
+def test_the_metrics_port_is_refused_with_the_reason_when_taken(root: Path) -> None:
+    (root / "other").mkdir()
+    with serve_process(
+        "--root", str(root), "--port", "0", "--metrics-port", "0", metrics=True
+    ) as first:
+        assert first.metrics is not None
+        taken = first.metrics.rsplit(":", 1)[1].split("/")[0]
+        done = subprocess.run(
+            [sys.executable, "-m", "fscache", "serve", "--root", str(root / "other"),
+             "--port", "0", "--metrics-port", taken],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 1
+    assert f"cannot serve metrics on 127.0.0.1:{taken}" in done.stderr
+
+
+# ---------------------------------------------------------------- histograms, exactly
+def test_a_histogram_counts_each_duration_in_the_first_bucket_that_holds_it() -> None:
+    histogram = Histogram()
+
+    for seconds in (0.0, 0.0005, 0.0006, 10.0, 61.0):
+        histogram.observe(seconds)
+
+    counts, total = histogram.snapshot()
+    assert counts[0] == 2  # le=0.0005: a bound holds its own value
+    assert counts[1] == 1  # le=0.001
+    assert counts[BUCKETS.index(10.0)] == 1
+    assert counts[-1] == 1  # +Inf
+    assert sum(counts) == 5
+    assert total == pytest.approx(71.0011)
+
+
+def test_the_collector_reports_cumulative_buckets_and_counters_with_total() -> None:
+    read = Histogram()
+    read.observe(0.002)
+    read.observe(3.0)
+    empty = Histogram().snapshot()
+    snapshot = Snapshot(
+        stats={"reads": 7, "leases_active": 3, "uptime_s": 1.5, "epoch": "e1"},
+        histograms={"read": read.snapshot(), "write": empty, "write_delay": empty},
+    )
+
+    families = {family.name: family for family in ServiceCollector(lambda: snapshot).collect()}
+
+    assert families["fscache_reads"].type == "counter"
+    assert families["fscache_reads"].samples[0].name == "fscache_reads_total"
+    assert families["fscache_reads"].samples[0].value == 7
+    assert families["fscache_leases_active"].type == "gauge"
+    assert families["fscache_uptime_seconds"].samples[0].value == 1.5
+    buckets = {
+        s.labels["le"]: s.value
+        for s in families["fscache_read_latency_seconds"].samples
+        if s.name.endswith("_bucket")
+    }
+    assert buckets["0.001"] == 0
+    assert buckets["0.0025"] == 1
+    assert buckets["2.5"] == 1
+    assert buckets["5.0"] == 2
+    assert buckets["+Inf"] == 2
+    assert set(HISTOGRAMS) == {"read", "write", "write_delay"}
+
+
+# ---------------------------------------------------------------- exact instants, in process
+async def test_a_waited_out_lease_is_one_write_delay_of_exactly_the_remaining_lease(
+    nursery: trio.Nursery, root: Path, autojump_clock: Any
+) -> None:
+    cluster = Cluster(nursery, root, term=10.0, skew=0.1)
+    service = await cluster.start()
+    async with cluster.client("seeder") as seeder:
+        await seeder.write("f", b"v1")  # applied on arrival: a delay of 0
+    silent = await cluster.raw("silent")
+    await silent.read("f")  # granted on arrival: a read latency of 0
+    await trio.sleep(2.0)
+    async with cluster.client("writer") as writer:
+        await writer.write("f", b"v2")  # waits out the silent holder: 8.1 s
+    await silent.close()
+
+    families = {
+        family.name: {sample.name + str(sample.labels.get("le", "")): sample.value
+                      for sample in family.samples}
+        for family in ServiceCollector(lambda: take_snapshot(service)).collect()
+    }  # fmt: skip
+    delay = families["fscache_write_delay_seconds"]
+    assert delay["fscache_write_delay_seconds_count"] == 2
+    assert delay["fscache_write_delay_seconds_sum"] == pytest.approx(8.1, abs=1e-9)
+    assert delay["fscache_write_delay_seconds_bucket0.0005"] == 1  # the seed
+    assert delay["fscache_write_delay_seconds_bucket5.0"] == 1
+    assert delay["fscache_write_delay_seconds_bucket10.0"] == 2  # the wait
+    assert families["fscache_write_latency_seconds"]["fscache_write_latency_seconds_sum"] == (
+        pytest.approx(8.1, abs=1e-9)
+    )
+    read = families["fscache_read_latency_seconds"]
+    assert read["fscache_read_latency_seconds_count"] == 1
+    assert read["fscache_read_latency_seconds_sum"] == 0.0
+    assert families["fscache_writes_delayed"]["fscache_writes_delayed_total"] == 1
+    assert families["fscache_approvals_sent"]["fscache_approvals_sent_total"] == 1
+    assert families["fscache_leases_active"]["fscache_leases_active"] == 0  # all gone by now
