@@ -120,7 +120,8 @@ class Lock:
 
     async def _renew_once(self, client: Client) -> bool:
         """Sleep until the next renewal is due, then renew, trying again while the
-        connection is down. False if the server refused it: the lock is gone."""
+        connection is down. False if the server refused it (or the client is
+        closing): the lock is gone."""
         await trio.sleep_until(self._at(self.valid_until - self.ttl + self.ttl / 3))
         while True:
             try:
@@ -128,11 +129,11 @@ class Lock:
                 request = await client._call_request(
                     link, lambda i: p.Renew(id=i, name=self.name, token=self.token)
                 )
-            except LockLost:
-                return False
             except Unavailable:
                 await trio.sleep(RENEW_RETRY)
                 continue
+            except FscacheError:  # refused (LockLost), or the client is closing
+                return False
             reply = request.reply
             assert isinstance(reply, p.LockGranted)
             self.valid_until = max(self.valid_until, request.sent_at + reply.ttl - _skew(client))
