@@ -21,7 +21,7 @@ import fscache
 from fscache import protocol as p
 from fscache.server.service import FileService, ServerSettings, serve
 
-from .harness import Cluster, run_inline
+from .harness import Cluster
 
 SKEW = 0.1
 TTL = 3.0
