@@ -100,6 +100,11 @@ class Lock:
             link = await client._current_link()
             await client._call(link, lambda i: p.Release(id=i, name=self.name, token=self.token))
 
+    def raise_if_lost(self) -> None:
+        """Raise :class:`LockLost` if the lock was lost while it was held."""
+        if self.lost.is_set():
+            raise LockLost(f"lock {self.name!r} (token {self.token}) was lost while it was held")
+
     def _lose(self) -> None:
         if not self.lost.is_set():
             self.lost.set()
@@ -220,8 +225,7 @@ async def lock(
         held._body = None
         with trio.CancelScope(shield=True):
             await held.release()
-    if held.lost.is_set():
-        raise LockLost(f"lock {name!r} (token {held.token}) was lost while it was held")
+    held.raise_if_lost()
 
 
 async def leader(client: Client, name: str) -> str | None:

@@ -11,7 +11,10 @@ and asserts outcomes and order only.
 from __future__ import annotations
 
 import math
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 import trio
@@ -19,6 +22,7 @@ import trio.testing
 
 import fscache
 from fscache import protocol as p
+from fscache.cli import parse_serving_line
 from fscache.server.service import FileService, ServerSettings, serve
 
 from .harness import Cluster
@@ -377,3 +381,36 @@ async def test_locks_over_real_tcp(nursery: trio.Nursery, root: pathlib.Path) ->
         assert order == ["a 1", "b 2"]
         with pytest.raises(fscache.Conflict):
             await a.write("out.txt", b"late", fence=lock)
+
+
+def test_the_blocking_client_locks_against_a_server_process(root: pathlib.Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        address = parse_serving_line(proc.stdout.readline())
+        assert address is not None
+        where = f"{address[0]}:{address[1]}"
+        with (
+            fscache.connect(where, client_id="a") as a,
+            fscache.connect(where, client_id="b") as b,
+        ):
+            with a.lock("jobs/leader", 2.0, identity="w1") as lock:
+                assert lock.held and lock.token == 1
+                assert b.leader("jobs/leader") == "w1"
+                with pytest.raises(fscache.LockTimeout):
+                    b.acquire("jobs/leader", 2.0, timeout=0)
+                a.write("out.txt", b"a", fence=lock)
+            later = b.acquire("jobs/leader", 2.0, timeout=0)
+            assert later.token == 2 and a.leader("jobs/leader") == "b"
+            with pytest.raises(fscache.Conflict, match="newest token"):
+                a.write("out.txt", b"late", fence=lock)
+            b.release(later)
+            assert b.leader("jobs/leader") is None and b.read("out.txt") == b"a"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        proc.stdout.close()
