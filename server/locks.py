@@ -145,6 +145,10 @@ class LockService:
         else:
             raise ProtocolError(f"{message.TYPE} is not a lock request")
 
+    def waiting(self) -> int:
+        """Acquires not answered yet: queued, or granted and waiting for the disk."""
+        return len(self._waiting) + len(self._unsent)
+
     def check_fence(self, fence: p.Fence | None) -> None:
         """Raise :class:`~fscache.errors.Conflict` if ``fence`` names a token that is
         not the newest granted for its lock."""
@@ -183,8 +187,10 @@ class LockService:
                 connection, request_id = self._waiting.pop(effect.op)
                 error = LockTimeout(f"lock {effect.name!r} is held")
                 connection.send(p.Error(id=request_id, code=error.code, message=str(error)))
-            elif isinstance(effect, Dropped):
-                self._waiting.pop(effect.op, None)
+            elif isinstance(effect, Dropped):  # answered, if its connection is still open
+                connection, request_id = self._waiting.pop(effect.op)
+                error = LockTimeout(f"lock {effect.name!r}: the acquire was given up")
+                connection.send(p.Error(id=request_id, code=error.code, message=str(error)))
             elif isinstance(effect, Changed):
                 notice = p.LockChanged(effect.name, effect.token, effect.identity)
                 for watcher in self._watchers.get(effect.name, ()):

@@ -138,7 +138,7 @@ def test_a_cancelled_acquire_leaves_the_queue() -> None:
     locks = table()
     locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
     locks.acquire(OpId(2), B, "l", TTL, "b", now=0.0)
-    assert locks.cancel(B, "l") == [Dropped(OpId(2))]
+    assert locks.cancel(B, "l") == [Dropped(OpId(2), "l")]
     assert locks.release(A, "l", 1, now=1.0) == freed(1)
 
 
@@ -150,7 +150,7 @@ def test_a_goodbye_releases_the_sessions_locks_and_drops_its_acquires() -> None:
     locks.acquire(OpId(3), B, "y", TTL, "b", now=0.0)
     locks.acquire(OpId(4), A, "y", TTL, "a", now=0.0)
     effects = locks.session_ended(A, now=1.0)
-    assert effects == [Dropped(OpId(4)), *freed(1, "x"), *granted(2, B, 2, "x")]
+    assert effects == [Dropped(OpId(4), "y"), *freed(1, "x"), *granted(2, B, 2, "x")]
 
 
 def test_a_lost_connection_keeps_the_locks_and_drops_the_queued_acquires() -> None:
@@ -159,7 +159,7 @@ def test_a_lost_connection_keeps_the_locks_and_drops_the_queued_acquires() -> No
     locks.acquire(OpId(2), B, "l", TTL, "b", now=0.0)
     locks.acquire(OpId(3), C, "l", TTL, "c", now=0.0)
     assert locks.disconnected(A) == []
-    assert locks.disconnected(B) == [Dropped(OpId(2))]
+    assert locks.disconnected(B) == [Dropped(OpId(2), "l")]
     assert locks.renew(A, "l", 1, now=1.0) == TTL  # resumed, renewed
     assert locks.tick(1.0 + TTL + SKEW) == freed(1) + granted(3, C, 2)
 
