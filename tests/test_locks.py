@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 
+import cbor2
 import pytest
 
-from fscache.errors import Conflict
+from fscache import protocol as p
+from fscache.errors import Conflict, ProtocolError
 from fscache.leases import HolderId, OpId
 from fscache.locks import (
     Busy,
@@ -224,3 +226,19 @@ def test_the_ttl_bounds_are_inclusive_at_the_maximum_only() -> None:
         OpId(1), A, "x", 1, MAX_LOCK_TTL
     )
     assert locks.acquire(OpId(2), A, "y", math.nextafter(2 * SKEW, 1), "a", now=0.0) != []
+
+
+# ---------------------------------------------------------------- the fence on the wire
+def test_a_change_without_a_fence_is_the_frame_it_always_was() -> None:
+    plain = {"t": "write", "id": 1, "path": "a", "data": b"x", "if_version": None}
+    assert p.encode(p.Write(id=1, path="a", data=b"x"))[4:] == cbor2.dumps(plain)
+    fenced = p.encode(p.Write(id=1, path="a", data=b"x", fence=("jobs/leader", 3)))
+    assert fenced[4:] == cbor2.dumps({**plain, "fence": ["jobs/leader", 3]})
+    assert p.decode_message(fenced[4:]) == p.Write(1, "a", b"x", fence=("jobs/leader", 3))
+
+
+def test_a_fence_of_another_shape_is_a_protocol_error() -> None:
+    for fence in (["l"], ["l", 1, 2], [1, "l"], "l", ["l", 1.5]):
+        body = {"t": "mkdir", "id": 1, "path": "d", "fence": fence}
+        with pytest.raises(ProtocolError, match=r"mkdir\.fence"):
+            p.decode_message(cbor2.dumps(body))
