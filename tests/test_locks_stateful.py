@@ -15,8 +15,9 @@ The invariants are the rules of :mod:`fscache.locks`:
 (a) at most one holder of a name at any instant, and only one whose lock the table
     may count live;
 (b) tokens of a name are strictly increasing, across restarts too;
-(c) no grant while another session may still believe it holds the name: every
-    belief in an older token ends ``2 * skew`` before the grant or earlier;
+(c) no grant while another session may still believe it holds the name: a belief
+    that ran out by time ended ``2 * skew`` before the grant or earlier (one its
+    holder gave up, by release or goodbye, needs no margin);
 (d) every live belief passes the fence (its token is the newest of its name);
 (e) ``next_deadline()`` is always ahead (time passes only by ticks), and ticking
     before it does nothing;
