@@ -235,7 +235,9 @@ def run_history(
         root, logs = os.path.join(temp, "root"), os.path.join(temp, "logs")
         os.mkdir(root)
         os.mkdir(logs)
-        with fscache_server(root, term=10.0, skew=skew) as server:
+        # term = ttl: a paused holder's read lease on the fenced file (every writer
+        # gets one) holds the others' writes back no longer than its lock does
+        with fscache_server(root, term=ttl, skew=skew) as server:
             history = HistoryRun(server.port, logs, ttl, skew, seed)
             history.run(processes, duration)
         return check(history.histories()), history.nemesis

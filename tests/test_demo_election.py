@@ -1,0 +1,71 @@
+"""``fscache demo election``: real processes, real time.
+
+As with the crash demo, the demo judges its own timing and says so in its exit
+status; the runs here widen only what may be *late* (speed on a busy machine).
+What may not be *early* keeps the demo's own bound: the new leader is elected no
+sooner than the dead leader's last renewal + ttl + skew, and the dead leader had
+stopped believing it led before then. No test asserts a wall-clock figure of its own.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fscache.bench.demo_election import run_election_demo
+from fscache.bench.demo_script import Tolerances
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT = 60
+PATIENT = Tolerances(prompt=10.0, late=10.0)  # `early` stays the demo's own bound
+
+
+def test_the_leadership_passes_once_the_dead_leaders_lock_has_run_out() -> None:
+    out = io.StringIO()  # not a terminal
+    status = run_election_demo(ttl=1.0, candidates=3, out=out, tolerances=PATIENT)
+    lines = out.getvalue().rstrip().splitlines()
+    text = "\n".join(lines)
+    assert status == 0, text
+    assert "\x1b[" not in text
+
+    def first(fragment: str, after: int = -1) -> int:
+        return next(i for i, line in enumerate(lines) if i > after and fragment in line)
+
+    elected = first("elected leader, token")
+    renewed = first("renewed its leadership", elected)
+    killed = first("KILLED with SIGKILL", renewed)
+    successor = first("elected leader, token", killed)
+    beat = first("first heartbeat write fenced with token", successor)
+    stale = first("fenced with the old token", beat)
+    assert elected < renewed < killed < successor < beat < stale
+    assert "Conflict" in lines[stale]
+    for check in (
+        "first leader",
+        "hand-over not early",
+        "one leader at a time",
+        "tokens increase",
+        "new leader's fenced write",
+        "old token refused",
+        "candidates exit",
+        "server exit",
+    ):
+        assert any(line.startswith(f"  ok    {check}") for line in lines), check
+    assert "FAIL" not in text
+    assert lines[-1].startswith("OK: the leadership passed ")
+
+
+def test_the_election_demo_refuses_a_single_candidate() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "fscache", "demo", "election", "--candidates", "1"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert result.returncode == 1
+    assert "--candidates" in result.stderr
