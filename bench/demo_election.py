@@ -66,6 +66,7 @@ class ElectionDemo(CrashDemo):
         )
         self.ttl = ttl
         self.handover = 0.0  # kill to the new leader's election
+        self.first_write: dict[str, Any] = {}
 
     async def run(self, root: str) -> None:
         self.root = root
@@ -160,6 +161,7 @@ class ElectionDemo(CrashDemo):
             "green",
         )
         _, write = await self._next("write", [leader], elected["t"], STEP_TIMEOUT)
+        self.first_write = write
         c.event(
             write["t"],
             leader.name,
@@ -199,6 +201,19 @@ class ElectionDemo(CrashDemo):
             e["valid_until"] for e in old.inbox if e["event"] == "renewed"
         ])  # fmt: skip
         c.event(believed, old.name, "(dead) would have stopped believing it leads here", "dim")
+        # Its heartbeat writes left it a read lease on the file, as every writer gets one,
+        # which the server also waits out: the new leader's first write lands after both.
+        wrote = max([self.first_write["t_send"]] + [
+            e["t_send"] for e in old.inbox if e["event"] == "write" and e["outcome"] == "applied"
+        ])  # fmt: skip
+        file_end = wrote + self.term + self.skew
+        c.event(
+            file_end,
+            old.name,
+            f"(dead) its read lease on {HEARTBEAT}, from its last write at {c.rel(wrote)},"
+            f" runs out on the server here (+ term {self.term:g} + skew {self.skew:g})",
+            "dim",
+        )
         rest = [r for r in self.readers if r is not old]
         timeout = server_end - time.monotonic() + self.tolerances.late + STEP_TIMEOUT
         new, won = await self._next("elected", rest, t_kill, timeout)
@@ -209,14 +224,21 @@ class ElectionDemo(CrashDemo):
             new.name,
             f"elected leader, token {won['token']}: expected at {c.rel(server_end)},"
             f" measured {c.rel(t_won)} ({_ms(t_won - server_end)});"
-            f" {self.handover:.3f} s after the kill",
+            f" {self.handover:.3f} s after the kill; believes it leads until"
+            f" {c.rel(won['valid_until'])}",
             "green",
         )
-        _, write = await self._next("write", [new], t_won, STEP_TIMEOUT)
+        write_expected = max(t_won, file_end)
+        _, write = await self._next("write", [new], t_won, file_end - t_won + STEP_TIMEOUT)
+        for e in new.inbox:
+            if e["event"] == "deposed" and e["t"] <= write["t"]:
+                c.event(e["t"], new.name, f"deposed: {e['why']}", "red")
         c.event(
             write["t"],
             new.name,
-            f"first heartbeat write fenced with token {write['token']}: {write['outcome']}",
+            f"first heartbeat write fenced with token {write['token']}: {write['outcome']};"
+            f" expected from {c.rel(write_expected)}, measured {c.rel(write['t'])}"
+            f" ({_ms(write['t'] - write_expected)})",
         )
         stale = await self._stale_write(elected["token"])
 
@@ -244,8 +266,11 @@ class ElectionDemo(CrashDemo):
         )
         self.check(
             "new leader's fenced write",
-            f"{write['outcome']} at {c.rel(write['t'])}",
-            write["outcome"] == "applied" and write["t"] > t_won,
+            f"{write['outcome']} at {c.rel(write['t'])} with token {write['token']}"
+            f" (elected with {won['token']})",
+            write["outcome"] == "applied"
+            and write["token"] == won["token"]
+            and write["t"] >= write_expected - self.tolerances.early,
         )
         self.check("old token refused", stale, stale.startswith("Conflict"))
 
