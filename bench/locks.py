@@ -184,7 +184,7 @@ class Bench:
             for i in range(rounds):
                 order = (self._fscache_pair, self._etcd_pair)
                 for measure in order if i % 2 == 0 else reversed(order):
-                    await measure(c, lease_id, f"bench/latency-{i}")
+                    await measure(c, lease_id, "bench/latency")
             self.etcd.revoke(lease_id)
             for i in range(handovers):
                 systems = ("fscache", "etcd") if i % 2 == 0 else ("etcd", "fscache")
@@ -297,11 +297,11 @@ def print_table(document: dict[str, Any]) -> None:
     ttl = document["ttl"]
     lat, hand = document["acquire_release_s"], document["handover_s"]
     print(f"locks: fscache {document['fscache_version']} vs etcd {document['etcd_version']}")
-    print(f"{'figure':<44} {'fscache':>16} {'etcd':>16}")
+    print(f"{'figure':<52} {'fscache':>16} {'etcd':>16}")
 
     def row(label: str, f: dict[str, float], e: dict[str, float], key: str, scale: float) -> None:
         unit = "ms" if scale == 1000 else "s"
-        print(f"{label:<44} {f[key] * scale:>13.3f} {unit:<2} {e[key] * scale:>13.3f} {unit:<2}")
+        print(f"{label:<52} {f[key] * scale:>13.3f} {unit:<2} {e[key] * scale:>13.3f} {unit:<2}")
 
     n = lat["fscache"]["n"]
     row(f"acquire + release, median of {n}", lat["fscache"], lat["etcd"], "median", 1000)
@@ -322,13 +322,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=200, help="acquire + release rounds")
     parser.add_argument("--handovers", type=int, default=5, help="SIGKILL hand-overs per system")
-    parser.add_argument("--ttl", type=int, default=2, help="lock ttl, whole seconds (etcd's unit)")
+    parser.add_argument(
+        "--ttl", type=float, default=2, help="lock ttl, whole seconds (etcd's unit)"
+    )
     parser.add_argument("--quick", action="store_true", help="20 rounds, 1 hand-over each")
     parser.add_argument("--out", help="write the figures as JSON to this file")
     parser.add_argument("--hold", choices=("etcd",), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.ttl != round(args.ttl) or args.ttl < 1:
+        parser.error("--ttl must be a whole number of seconds: etcd's leases count in seconds")
     if args.hold == "etcd":
         _hold_etcd(args.port, args.name, args.ttl)
         return 0
