@@ -58,6 +58,7 @@ import trio
 
 from fscache import protocol as p
 from fscache.cache import DEFAULT_MAX_BYTES, DirEntry, LeaseCache
+from fscache.client import locks
 from fscache.errors import (
     Conflict,
     FscacheError,
@@ -73,6 +74,7 @@ from fscache.paths import normalize
 from fscache.settings import (
     CHUNK_SIZE,
     DEFAULT_HOST,
+    DEFAULT_LOCK_TTL,
     DEFAULT_MAX_FRAME,
     DEFAULT_PORT,
     DEFAULT_SKEW,
@@ -97,6 +99,7 @@ IN_FLIGHT = 4  # chunk reads or upload parts a transfer keeps in flight (memory:
 READ_ATTEMPTS = 8  # a big file read whole that changes this often between chunks: give up
 
 Source = IO[bytes] | bytes | bytearray | memoryview
+Fence = locks.Lock | tuple[str, int] | None  # a fenced change: the lock, or (name, token)
 
 
 class _Changed(Exception):
@@ -268,6 +271,7 @@ class Client:
         # given back: the mount clears the kernel's copy here.
         self.before_approval: list[Callable[[str], Awaitable[None]]] = []
         self._counters = ClientCounters()
+        self._lock_watches = locks.LockWatches()
 
     # ------------------------------------------------------------ public API
     async def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
@@ -315,6 +319,7 @@ class Client:
         *,
         if_version: int | None = None,
         offset: int | None = None,
+        fence: Fence = None,
     ) -> int:
         """Write ``data`` (bytes, or a binary file object read chunk by chunk) to
         ``path`` durably; returns the new version. Waits until every other cache
@@ -324,33 +329,42 @@ class Client:
         new contents); more than one chunk goes up as an upload, a few parts in
         flight, aborted if anything fails. With ``offset`` the bytes are written in
         place at ``offset`` (the file is created if missing), one chunk per request:
-        only each chunk is atomic. ``if_version``: compare-and-set."""
+        only each chunk is atomic. ``if_version``: compare-and-set. ``fence``: a lock
+        (or its ``(name, token)``) whose token must still be the newest when the write
+        is applied, else :class:`Conflict` (so for every change below)."""
         path = normalize(path)
+        fenced = locks.fence_of(fence)
         if not isinstance(data, bytes | bytearray | memoryview) and not hasattr(data, "read"):
             raise TypeError(f"data must be bytes or a binary file, not {type(data).__name__}")
         if offset is not None:
-            return await self._write_in_place(path, data, offset, if_version)
+            return await self._write_in_place(path, data, offset, if_version, fenced)
         if isinstance(data, bytes | bytearray | memoryview) and len(data) <= CHUNK_SIZE:
-            return await self._write_whole(path, bytes(data), if_version)
+            return await self._write_whole(path, bytes(data), if_version, fenced)
         next_part = _parts(data)
         first = await next_part()
         second = await next_part()
         if not second:  # a file of one chunk at most: one write, as for bytes
-            return await self._write_whole(path, first, if_version)
-        return await self._upload(path, _chain((first, second), next_part), if_version)
+            return await self._write_whole(path, first, if_version, fenced)
+        return await self._upload(path, _chain((first, second), next_part), if_version, fenced)
 
-    async def _write_whole(self, path: str, data: bytes, if_version: int | None) -> int:
+    async def _write_whole(
+        self, path: str, data: bytes, if_version: int | None, fence: p.Fence | None
+    ) -> int:
         link = await self._current_link()
         if len(data) > link.welcome.max_frame - 1024:
             raise TooLarge(f"{len(data)} bytes is over the server's limit")
         self._counters.writes += 1
-        write = partial(p.Write, path=path, data=data, if_version=if_version)
+        write = partial(p.Write, path=path, data=data, if_version=if_version, fence=fence)
         reply = await self._change(link, _with_parent(path), write, path)
         assert isinstance(reply, p.Written)
         return reply.version
 
     async def _upload(
-        self, path: str, next_part: Callable[[], Awaitable[bytes]], if_version: int | None
+        self,
+        path: str,
+        next_part: Callable[[], Awaitable[bytes]],
+        if_version: int | None,
+        fence: p.Fence | None,
     ) -> int:
         """Send the parts ``next_part`` gives as an upload: begin, parts (IN_FLIGHT at
         most), commit; abort on any error or cancellation before the commit's reply."""
@@ -377,7 +391,7 @@ class Client:
                 sent += len(part)
             while parts:
                 await self._finish(link, parts.popleft())
-            commit = partial(p.UploadCommit, upload=upload, if_version=if_version)
+            commit = partial(p.UploadCommit, upload=upload, if_version=if_version, fence=fence)
             reply = await self._change(link, _with_parent(path), commit, path)
         except BaseException:
             with (
@@ -391,7 +405,7 @@ class Client:
         return reply.version
 
     async def _write_in_place(
-        self, path: str, data: Source, offset: int, if_version: int | None
+        self, path: str, data: Source, offset: int, if_version: int | None, fence: p.Fence | None
     ) -> int:
         if offset < 0:
             raise ValueError("offset must be >= 0")
@@ -403,8 +417,9 @@ class Client:
         while (part := await next_part()) or first:
             first = False
             write = partial(
-                p.WriteRange, path=path, offset=offset, data=part, if_version=if_version
-            )
+                p.WriteRange, path=path, offset=offset, data=part, if_version=if_version,
+                fence=fence,
+            )  # fmt: skip
             reply = await self._change(link, _with_parent(path), write, path)
             assert isinstance(reply, p.Written)
             version = reply.version
@@ -414,19 +429,23 @@ class Client:
         assert version is not None
         return version
 
-    async def truncate(self, path: str, size: int, *, if_version: int | None = None) -> int:
+    async def truncate(
+        self, path: str, size: int, *, if_version: int | None = None, fence: Fence = None
+    ) -> int:
         """Cut or extend ``path`` to ``size`` bytes; returns the new version."""
         path = normalize(path)
         if size < 0:
             raise ValueError("size must be >= 0")
         self._counters.writes += 1
         link = await self._current_link()
-        truncate = partial(p.Truncate, path=path, size=size, if_version=if_version)
+        truncate = partial(
+            p.Truncate, path=path, size=size, if_version=if_version, fence=locks.fence_of(fence)
+        )
         reply = await self._change(link, _with_parent(path), truncate, path)
         assert isinstance(reply, p.Written)
         return reply.version
 
-    async def rename(self, src: str, dst: str) -> int:
+    async def rename(self, src: str, dst: str, *, fence: Fence = None) -> int:
         """Move ``src`` to ``dst`` atomically (POSIX ``rename``: an existing file at
         ``dst`` is replaced); returns the version now at ``dst``. Every other client's
         copies of either name (and of anything below a renamed directory) are gone
@@ -436,24 +455,25 @@ class Client:
             self._cache.drop_beneath(below)
         keys = (*_with_parent(src), *_with_parent(dst), dir_key(src), dir_key(dst))
         link = await self._current_link()
-        reply = await self._change(link, keys, partial(p.Rename, src=src, dst=dst), dst)
+        rename = partial(p.Rename, src=src, dst=dst, fence=locks.fence_of(fence))
+        reply = await self._change(link, keys, rename, dst)
         assert isinstance(reply, p.Written)
         return reply.version
 
-    async def mkdir(self, path: str) -> None:
+    async def mkdir(self, path: str, *, fence: Fence = None) -> None:
         """Make directory ``path`` (:class:`Exists` if the name is taken,
         :class:`NotFound` if its parent is missing)."""
         path = normalize(path)
         keys = (dir_key(path), dir_key(parent(path)))
         link = await self._current_link()
-        await self._change(link, keys, partial(p.MkDir, path=path))
+        await self._change(link, keys, partial(p.MkDir, path=path, fence=locks.fence_of(fence)))
 
-    async def rmdir(self, path: str) -> None:
+    async def rmdir(self, path: str, *, fence: Fence = None) -> None:
         """Remove the empty directory ``path`` (:class:`NotEmpty`, :class:`NotADirectory`)."""
         path = normalize(path)
         keys = (dir_key(path), dir_key(parent(path)))
         link = await self._current_link()
-        await self._change(link, keys, partial(p.RmDir, path=path))
+        await self._change(link, keys, partial(p.RmDir, path=path, fence=locks.fence_of(fence)))
 
     async def scandir(self, path: str = "") -> list[DirEntry]:
         """The entries of directory ``path`` sorted by name, from the cache while a
@@ -499,11 +519,13 @@ class Client:
                 return None
             after = reply.names[-1]
 
-    async def delete(self, path: str, *, if_version: int | None = None) -> None:
+    async def delete(
+        self, path: str, *, if_version: int | None = None, fence: Fence = None
+    ) -> None:
         path = normalize(path)
         self._counters.deletes += 1
         link = await self._current_link()
-        delete = partial(p.Delete, path=path, if_version=if_version)
+        delete = partial(p.Delete, path=path, if_version=if_version, fence=locks.fence_of(fence))
         await self._change(link, _with_parent(path), delete, path)
 
     async def _change(
@@ -525,6 +547,49 @@ class Client:
             self._inflight.pop(key, None)
             self._relinquished[key] = request_id
         return message
+
+    # ------------------------------------------------------------ locks (client/locks.py)
+    async def acquire(
+        self,
+        name: str,
+        ttl: float = DEFAULT_LOCK_TTL,
+        *,
+        timeout: float | None = None,
+        identity: str | None = None,
+    ) -> locks.Lock:
+        """Take the lock ``name`` for ``ttl`` seconds, renewed in the background until
+        released or lost; waits in line (at most ``timeout`` seconds, then
+        :class:`LockTimeout`; 0: one try). ``identity``: who holds it, for
+        :meth:`leader` (default: our client_id)."""
+        return await locks.acquire(self, name, ttl, timeout=timeout, identity=identity)
+
+    def lock(
+        self,
+        name: str,
+        ttl: float = DEFAULT_LOCK_TTL,
+        *,
+        timeout: float | None = None,
+        identity: str | None = None,
+    ) -> contextlib.AbstractAsyncContextManager[locks.Lock]:
+        """``async with c.lock(name, ttl) as lock``: hold the lock for the body, which is
+        cancelled if the lock is lost (then :class:`LockLost` is raised)."""
+        return locks.lock(self, name, ttl, timeout=timeout, identity=identity)
+
+    def leadership(
+        self, name: str, *, identity: str | None = None, ttl: float = DEFAULT_LOCK_TTL
+    ) -> contextlib.AbstractAsyncContextManager[locks.Lock]:
+        """``async with c.leadership(name, identity=...)``: wait to lead, lead for the
+        body (a lock whose holder is known by ``identity``)."""
+        return locks.lock(self, name, ttl, identity=identity)
+
+    async def leader(self, name: str) -> str | None:
+        """The identity of who leads ``name`` now (holds its lock), or None."""
+        return await locks.leader(self, name)
+
+    def watch_leader(self, name: str) -> locks.LeaderWatch:
+        """``async for identity in c.watch_leader(name)``: the leader now, then at each
+        change (None while nobody leads), through reconnects."""
+        return locks.LeaderWatch(self, name)
 
     async def stat(self, path: str) -> StatResult:
         """Version and size of ``path``: from the cache while a lease on the file is
@@ -891,9 +956,15 @@ class Client:
     async def _call_request(
         self, link: _Link, make: Callable[[int], p.Message], path: str = ""
     ) -> _Request:
-        request = _Request(path)
-        await self._send_request(link, request, make)
+        request = await self._begin(link, make, path)
+        await self._finish(link, request)
         return request
+
+    async def _begin(
+        self, link: _Link, make: Callable[[int], p.Message], path: str = ""
+    ) -> _Request:
+        """Send a new request; :meth:`_finish` waits for its reply."""
+        return await self._start(link, _Request(path), make)
 
     async def _send_request(
         self, link: _Link, request: _Request, make: Callable[[int], p.Message | bytes]
@@ -960,6 +1031,8 @@ class Client:
                         await link.send(
                             p.Approve(path=message.path, write=message.write)
                         )  # ... then approve
+                    elif type(message) is p.LockChanged:
+                        self._lock_watches.notice(message)
                     else:
                         on_reply(link, message)
                 data = await link.wire.receive()
@@ -1183,6 +1256,7 @@ class Client:
         self._link = link
         self._link_changed.set()
         self._link_changed = trio.Event()
+        self._lock_watches.relinked()
 
     def _link_lost(self, link: _Link) -> None:
         if link.broken:

@@ -115,6 +115,11 @@ _NEEDS: dict[type[p.Message], Callable[[Any], Need | None]] = {
     p.MkDir: _on(Access.READ_WRITE, "path"),
     p.RmDir: _on(Access.READ_WRITE, "path"),
     p.ScanDir: _on(Access.READ, "path"),
+    p.Acquire: _on(Access.READ_WRITE, "name"),  # a lock's name is ruled as a path is
+    p.Renew: _on(Access.READ_WRITE, "name"),
+    p.Release: _on(Access.READ_WRITE, "name"),
+    p.LockQuery: _on(Access.READ, "name"),
+    p.LockWatch: _on(Access.READ, "name"),
 }
 
 

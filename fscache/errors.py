@@ -87,6 +87,20 @@ class NotDurable(FscacheError):
     code = "not_durable"
 
 
+class LockLost(FscacheError):
+    """A lock was lost: its lease ran out (or the server refused its renewal) before
+    it was released, so another holder may have it now. Raised by the ``async with``
+    of a lock whose body was cancelled for it."""
+
+    code = "lock_lost"
+
+
+class LockTimeout(FscacheError):
+    """An acquire's timeout passed (or, with timeout 0, the lock was held)."""
+
+    code = "lock_timeout"
+
+
 _BY_CODE: dict[str, type[FscacheError]] = {
     cls.code: cls
     for cls in (
@@ -103,6 +117,8 @@ _BY_CODE: dict[str, type[FscacheError]] = {
         NotEmpty,
         Exists,
         NotDurable,
+        LockLost,
+        LockTimeout,
     )
 }
 

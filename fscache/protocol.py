@@ -80,6 +80,12 @@ class Message:
 _LEFT_OUT_AT_DEFAULT = {"wire": "left out at default"}
 
 
+# A fenced change names a lock and a token: the server applies it only while the
+# token is the newest granted for that lock (fscache.locks). An optional field added
+# later to every write-like message.
+Fence = tuple[str, int]
+
+
 def _later() -> Any:
     """An optional field added later: None, and then not in the frame."""
     return dataclasses.field(default=None, metadata=_LEFT_OUT_AT_DEFAULT)
@@ -117,6 +123,7 @@ class Write(Message):
     path: str
     data: bytes
     if_version: int | None = None
+    fence: tuple[str, int] | None = _later()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -125,6 +132,7 @@ class Delete(Message):
     id: int
     path: str
     if_version: int | None = None
+    fence: tuple[str, int] | None = _later()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -343,6 +351,7 @@ class UploadCommit(Message):
     id: int
     upload: int
     if_version: int | None = None
+    fence: tuple[str, int] | None = _later()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -365,6 +374,7 @@ class WriteRange(Message):
     offset: int
     data: bytes
     if_version: int | None = None
+    fence: tuple[str, int] | None = _later()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -376,6 +386,7 @@ class Truncate(Message):
     path: str
     size: int
     if_version: int | None = None
+    fence: tuple[str, int] | None = _later()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -387,6 +398,7 @@ class Rename(Message):
     id: int
     src: str
     dst: str
+    fence: tuple[str, int] | None = _later()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -394,6 +406,7 @@ class MkDir(Message):
     TYPE: ClassVar[str] = "mkdir"
     id: int
     path: str
+    fence: tuple[str, int] | None = _later()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -401,6 +414,7 @@ class RmDir(Message):
     TYPE: ClassVar[str] = "rmdir"
     id: int
     path: str
+    fence: tuple[str, int] | None = _later()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -447,6 +461,96 @@ class Entries(Message):
     more: bool = dataclasses.field(default=False, metadata=_LEFT_OUT_AT_DEFAULT)
 
 
+# ------------------------------------------------ client to server: locks (fscache.locks)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Acquire(Message):
+    """Take the lock ``name`` for ``ttl`` seconds, announcing ``identity`` (who leads,
+    for :class:`LockQuery`). ``wait``: queue until it is free; else answered at once.
+    Answered with :class:`LockGranted`, or the error ``lock_timeout`` (not ``wait``)."""
+
+    TYPE: ClassVar[str] = "acquire"
+    id: int
+    name: str
+    ttl: float
+    identity: str
+    wait: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Renew(Message):
+    """Renew lock ``name`` held with ``token`` for its ttl from now. Answered with
+    :class:`LockGranted`, or the error ``lock_lost``."""
+
+    TYPE: ClassVar[str] = "renew"
+    id: int
+    name: str
+    token: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Release(Message):
+    """Release lock ``name`` held with ``token``; token 0: stop waiting for it (an
+    acquire that timed out). Answered with Done."""
+
+    TYPE: ClassVar[str] = "release"
+    id: int
+    name: str
+    token: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockQuery(Message):
+    """Who holds lock ``name``; takes nothing. Answered with :class:`LockState`."""
+
+    TYPE: ClassVar[str] = "lock_query"
+    id: int
+    name: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockWatch(Message):
+    """Who holds lock ``name`` (:class:`LockState`), and from then on a
+    :class:`LockChanged` at every grant, release and expiry of it, on this connection."""
+
+    TYPE: ClassVar[str] = "lock_watch"
+    id: int
+    name: str
+
+
+# ------------------------------------------------ server to client: locks
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockGranted(Message):
+    """The lock is the requester's with fencing ``token`` for ``ttl`` seconds from when
+    it sent the request (less the skew)."""
+
+    TYPE: ClassVar[str] = "lock_granted"
+    id: int
+    token: int
+    ttl: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockState(Message):
+    """Who holds the lock: ``identity`` with ``token``, or no one (``identity`` None,
+    ``token`` the newest ever granted, 0 for none)."""
+
+    TYPE: ClassVar[str] = "lock_state"
+    id: int
+    token: int
+    identity: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockChanged(Message):
+    """Server push to a watcher of lock ``name``: it now has this holder (as
+    :class:`LockState`)."""
+
+    TYPE: ClassVar[str] = "lock_changed"
+    name: str
+    token: int
+    identity: str | None
+
+
 CLIENT_MESSAGES: tuple[type[Message], ...] = (
     Hello,
     Read,
@@ -471,6 +575,11 @@ CLIENT_MESSAGES: tuple[type[Message], ...] = (
     MkDir,
     RmDir,
     ScanDir,
+    Acquire,
+    Renew,
+    Release,
+    LockQuery,
+    LockWatch,
 )
 SERVER_MESSAGES: tuple[type[Message], ...] = (
     Welcome,
@@ -486,6 +595,9 @@ SERVER_MESSAGES: tuple[type[Message], ...] = (
     ApprovalRequest,
     Chunk,
     Entries,
+    LockGranted,
+    LockState,
+    LockChanged,
 )
 
 # ---------------------------------------------------------------- the generic path: field checks
@@ -555,6 +667,15 @@ def _list_of(inner: Check) -> Check:
     return check
 
 
+def _tuple_of(items: tuple[Check, ...]) -> Check:
+    def check(value: Any) -> Any:
+        if type(value) is not list or len(value) != len(items):
+            raise _Mismatch(f"expected an array of {len(items)}")
+        return tuple(inner(item) for inner, item in zip(items, value, strict=True))
+
+    return check
+
+
 def _nullable(annotation: Any) -> Any:
     """``X`` for an annotation ``X | None``, else None."""
     args = typing.get_args(annotation)
@@ -582,6 +703,8 @@ def _check_for(annotation: Any) -> Check:
         return _list_of(_check_for(typing.get_args(annotation)[0]))
     if origin is dict:
         return _any_map
+    if origin is tuple:
+        return _tuple_of(tuple(_check_for(item) for item in typing.get_args(annotation)))
     raise TypeError(f"no wire check for {annotation!r}")
 
 

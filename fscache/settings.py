@@ -31,6 +31,8 @@ MAX_PATHS = 256  # paths in one extend or relinquish: an extend stats each on th
 FRAME_TIMEOUT = 30.0  # seconds a begun frame may take to arrive whole
 LISTING_PAGE_ENTRIES = 4096  # names in one listing page (a scandir page stats each)
 LISTING_PAGE_BYTES = 1024 * 1024  # bytes of names in one listing page
+DEFAULT_LOCK_TTL = 10.0  # seconds: a lock's ttl when none is given (the lease term's)
+MAX_LOCK_TTL = 300.0  # seconds: a lock's longest ttl, and so a restarted server's longest hold
 
 
 class BadSetting(FscacheError, ValueError):
@@ -44,3 +46,14 @@ def check_duration(name: str, value: object) -> float:
     if not math.isfinite(value) or value < 0:
         raise BadSetting(f"{name} must be a finite number >= 0, not {value!r}")
     return float(value)
+
+
+def check_lock_ttl(ttl: object, skew: float, max_ttl: float = MAX_LOCK_TTL) -> float:
+    """``ttl`` as a float if it is a lock's ttl: more than ``2 * skew`` (else its holder
+    could never trust it) and at most ``max_ttl``."""
+    value = check_duration("ttl", ttl)
+    if not 2 * skew < value <= max_ttl:
+        raise BadSetting(
+            f"a lock's ttl must be > 2 * skew ({2 * skew}) and <= {max_ttl}, not {ttl!r}"
+        )
+    return value

@@ -94,6 +94,7 @@ from fscache.leases import (
 )
 from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize, normalize_key
+from fscache.server.locks import LockService
 from fscache.server.store import Facts, Store, Upload, listing_page
 from fscache.sessions import Attached, SessionTable, default_ttl
 from fscache.settings import (
@@ -469,6 +470,9 @@ class FileService:
         self.table = LeaseTable(
             self.policy, skew=settings.skew, hold_writes_until=self.started_at + self.restart_window
         )
+        self.locks = LockService(
+            self.store, skew=settings.skew, blocking_io=blocking_io, now=self.started_at
+        )
         self.host = settings.host  # the bound address once listening (port 0 works)
         self.port = settings.port
         self.sessions = SessionTable(
@@ -526,6 +530,7 @@ class FileService:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._run_timer)
+            await nursery.start(self.locks.run)
             task_status.started()
 
     async def _accept(
@@ -727,7 +732,11 @@ class FileService:
                 for upload in connection.uploads.values():  # never committed: removed
                     self.store.upload_abort(upload)
                 connection.uploads.clear()
-                if self.connections.get(holder) is connection:
+                current = self.connections.get(holder) is connection
+                self.locks.connection_closed(
+                    connection, goodbye=connection.goodbye, current=current
+                )
+                if current:
                     del self.connections[holder]
                     now = trio.current_time()
                     if connection.goodbye:
@@ -1204,6 +1213,9 @@ class FileService:
     def _on_goodbye(self, connection: Connection, message: p.Goodbye) -> None:
         connection.goodbye = True
 
+    def _on_lock(self, connection: Connection, message: p.Message) -> None:
+        self.locks.handle(connection, message)
+
     _handlers: ClassVar[dict[type[p.Message], Callable[[Any, Connection, Any], None]]] = {
         p.Read: _on_read,
         p.Write: _on_write,
@@ -1227,6 +1239,11 @@ class FileService:
         p.UploadPart: _on_upload_part,
         p.UploadCommit: _on_upload_commit,
         p.UploadAbort: _on_upload_abort,
+        p.Acquire: _on_lock,
+        p.Renew: _on_lock,
+        p.Release: _on_lock,
+        p.LockQuery: _on_lock,
+        p.LockWatch: _on_lock,
     }
 
     # ------------------------------------------------------------ effects
@@ -1379,6 +1396,7 @@ class FileService:
         assert pending.apply is not None
         ok = False
         try:
+            self.locks.check_fence(getattr(request, "fence", None))  # now, as it is applied
             pending.version = await self._blocking_io(pending.apply) or 0
             ok = True
         except NotDurable as exc:  # it took effect: leases on the old value end
@@ -1421,6 +1439,8 @@ class FileService:
             "sessions_refused": self.sessions.refused,
             "sessions_expired": self.sessions.expired,
             "session_ttl": self.sessions.ttl,
+            "locks_held": self.locks.table.held(now),
+            "locks_granted": self.locks.table.locks_granted,
         }
 
     def shutdown(self) -> int:

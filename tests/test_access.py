@@ -80,6 +80,11 @@ EXAMPLES: dict[type[p.Message], tuple[p.Message, Access | None, tuple[str, ...]]
     p.MkDir: (p.MkDir(id=1, path="d/n"), Access.READ_WRITE, ("d/n",)),
     p.RmDir: (p.RmDir(id=1, path="d/n"), Access.READ_WRITE, ("d/n",)),
     p.ScanDir: (p.ScanDir(id=1, path="d"), Access.READ, ("d",)),
+    p.Acquire: (p.Acquire(1, "j/l", 5.0, "w", wait=True), Access.READ_WRITE, ("j/l",)),
+    p.Renew: (p.Renew(id=1, name="j/l", token=1), Access.READ_WRITE, ("j/l",)),
+    p.Release: (p.Release(id=1, name="j/l", token=1), Access.READ_WRITE, ("j/l",)),
+    p.LockQuery: (p.LockQuery(id=1, name="j/l"), Access.READ, ("j/l",)),
+    p.LockWatch: (p.LockWatch(id=1, name="j/l"), Access.READ, ("j/l",)),
 }
 WRITES = [m for m, access, _ in EXAMPLES.values() if access is Access.READ_WRITE]
 READS = [m for m, access, _ in EXAMPLES.values() if access is Access.READ]
@@ -103,7 +108,7 @@ def moved(message: p.Message, where: str) -> p.Message:
     """``message`` with every path it names put under ``where``."""
     import dataclasses
 
-    fields = {f: f"{where}/x" for f in ("path", "src", "dst") if hasattr(message, f)}
+    fields = {f: f"{where}/x" for f in ("path", "src", "dst", "name") if hasattr(message, f)}
     if isinstance(message, p.Extend):
         return dataclasses.replace(message, paths=[f"{where}/x"], versions=[1])
     return dataclasses.replace(message, **fields)  # type: ignore[type-var]

@@ -82,6 +82,8 @@ def strategy_for(annotation: Any) -> st.SearchStrategy[Any]:
         return st.lists(strategy_for(args[0]), max_size=4)
     if origin is dict:
         return st.dictionaries(strategy_for(args[0]), strategy_for(args[1]), max_size=4)
+    if origin is tuple:
+        return st.tuples(*(strategy_for(arg) for arg in args))
     raise TypeError(f"no strategy for {annotation!r}")
 
 

@@ -1,0 +1,328 @@
+"""Locks, leadership and leader watches on the client (the rules: :mod:`fscache.locks`).
+
+Theory of operation
+-------------------
+A :class:`Lock` is granted with a fencing token and a ttl. The client trusts it
+until ``valid_until = t_send + ttl - skew`` on its own clock, ``t_send`` being when
+it sent the acquire or renewal the server answered: the server grants the name to
+no one else before ``t_receive + ttl + skew``, at least ``2 * skew`` later. One
+renewer task per lock, in the client's nursery, sends a renewal every ``ttl / 3``
+over the client's connection (through reconnects: the session resumes, and so
+does the lock) and moves ``valid_until`` on with each answer. If ``valid_until``
+comes with no newer renewal answered (the server unreachable: Chubby's jeopardy),
+or the server refuses a renewal, the lock is lost: :attr:`Lock.lost` is set, and
+the body of ``async with client.lock(...)`` is cancelled and the ``async with``
+raises :class:`~fscache.errors.LockLost`, so no code after it runs believing it
+held the lock. A lost lock is never held again; acquire anew.
+
+An acquire that times out sends a release with token 0 (stop waiting). The
+server answers requests in order, so if the grant went out first it arrives
+first, and the client releases it at once: a timed-out acquire holds nothing.
+
+A leader watch subscribes on the connection; the server pushes a notice at every
+grant, release and expiry of the name. The reader hands each notice to the
+watches of its name (:meth:`LockWatches.notice`); after a reconnect each watch
+subscribes again and reports the leader if it changed meanwhile. Notices are
+ordered by ``(token, freed)``: the grant of a token comes before its end, and
+anything older than what a watch has reported is ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import trio
+
+from fscache import protocol as p
+from fscache.errors import FscacheError, LockLost, LockTimeout, Unavailable
+from fscache.paths import normalize
+from fscache.settings import DEFAULT_LOCK_TTL, check_lock_ttl
+
+if TYPE_CHECKING:
+    from fscache.client.client import Client, _Link, _Request
+
+RELEASE_WAIT = 1.0  # seconds a release (or a cancelled acquire's clean-up) may take
+RENEW_RETRY = 0.1  # seconds between renewals tried while the connection is down
+
+
+class Lock:
+    """A lock held with fencing token :attr:`token` (see the module's note)."""
+
+    def __init__(
+        self, client: Client, name: str, token: int, identity: str, ttl: float, valid_until: float
+    ) -> None:
+        self.name = name
+        self.token = token
+        self.identity = identity
+        self.ttl = ttl
+        self.valid_until = valid_until  # client monotonic clock
+        self.lost = trio.Event()
+        self._client = client
+        self._released = False
+        self._renewer = trio.CancelScope()
+        self._body: trio.CancelScope | None = None  # an ``async with`` body to cancel
+
+    def __repr__(self) -> str:
+        return f"<Lock {self.name!r} token={self.token} held={self.held}>"
+
+    @property
+    def held(self) -> bool:
+        """Whether the lock may be trusted now (not lost, not released, not run out)."""
+        return (
+            not self._released
+            and not self.lost.is_set()
+            and self._client._clock() < self.valid_until
+        )
+
+    @property
+    def fence(self) -> p.Fence:
+        """What a fenced change names: ``(name, token)``."""
+        return (self.name, self.token)
+
+    async def release(self) -> None:
+        """Give the lock back (at once for the next in line). Idempotent. A lost lock's
+        release is sent only if the connection is up: the server may still hold it
+        (its lease not yet out there), and nothing else waits for it."""
+        if self._released:
+            return
+        self._released = True
+        self._renewer.cancel()
+        client = self._client
+        link = client._link
+        if self.lost.is_set() and (link is None or link.broken):
+            return
+        with trio.move_on_after(RELEASE_WAIT), contextlib.suppress(Unavailable):
+            link = await client._current_link()
+            await client._call(link, lambda i: p.Release(id=i, name=self.name, token=self.token))
+
+    def _lose(self) -> None:
+        if not self.lost.is_set():
+            self.lost.set()
+            if self._body is not None:
+                self._body.cancel()
+
+    async def _renew_until_lost(self) -> None:
+        """Renew every ttl/3; set :attr:`lost` at ``valid_until`` unless renewed, or
+        as soon as the server refuses a renewal."""
+        client = self._client
+        with self._renewer:
+            while True:
+                with trio.move_on_at(self._at(self.valid_until)):
+                    if await self._renew_once(client):
+                        continue
+                self._lose()  # refused, or jeopardy: valid_until came with no renewal
+                return
+
+    async def _renew_once(self, client: Client) -> bool:
+        """Sleep until the next renewal is due, then renew, trying again while the
+        connection is down. False if the server refused it: the lock is gone."""
+        await trio.sleep_until(self._at(self.valid_until - self.ttl + self.ttl / 3))
+        while True:
+            try:
+                link = await client._current_link()
+                request = await client._call_request(
+                    link, lambda i: p.Renew(id=i, name=self.name, token=self.token)
+                )
+            except LockLost:
+                return False
+            except Unavailable:
+                await trio.sleep(RENEW_RETRY)
+                continue
+            reply = request.reply
+            assert isinstance(reply, p.LockGranted)
+            self.valid_until = max(self.valid_until, request.sent_at + reply.ttl - _skew(client))
+            return True
+
+    def _at(self, instant: float) -> float:
+        """``instant`` on the client's clock as a time on trio's clock."""
+        return trio.current_time() + (instant - self._client._clock())
+
+
+def _skew(client: Client) -> float:
+    return client._cache.skew
+
+
+async def acquire(
+    client: Client,
+    name: str,
+    ttl: float = DEFAULT_LOCK_TTL,
+    *,
+    timeout: float | None = None,
+    identity: str | None = None,
+) -> Lock:
+    """Take lock ``name`` (see :meth:`fscache.client.client.Client.acquire`)."""
+    name = normalize(name)
+    ttl = check_lock_ttl(ttl, _skew(client))
+    identity = client.client_id if identity is None else identity
+    link = await client._current_link()
+    wait = timeout != 0
+    request = await client._begin(
+        link, lambda i: p.Acquire(id=i, name=name, ttl=ttl, identity=identity, wait=wait), name
+    )
+    try:
+        with trio.move_on_after(timeout or math.inf):  # 0: the server answers at once
+            await request.done.wait()
+        if not request.done.is_set():
+            raise LockTimeout(f"lock {name!r} was not granted within {timeout} s")
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await _give_up(client, link, request, name)
+        raise
+    await client._finish(link, request)  # the server's error, if it sent one
+    reply = request.reply
+    assert isinstance(reply, p.LockGranted)
+    lock = Lock(
+        client, name, reply.token, identity, reply.ttl, request.sent_at + reply.ttl - _skew(client)
+    )
+    assert client._nursery is not None
+    client._nursery.start_soon(lock._renew_until_lost)
+    return lock
+
+
+async def _give_up(client: Client, link: _Link, request: _Request, name: str) -> None:
+    """Stop waiting for an acquire; release the lock if its grant came first."""
+    try:
+        with trio.move_on_after(RELEASE_WAIT), contextlib.suppress(FscacheError):
+            if not request.done.is_set():
+                await client._call(link, lambda i: p.Release(id=i, name=name, token=0))
+            if isinstance(request.reply, p.LockGranted):
+                token = request.reply.token
+                await client._call(link, lambda i: p.Release(id=i, name=name, token=token))
+    finally:
+        link.waiting.pop(request.id, None)
+
+
+@contextlib.asynccontextmanager
+async def lock(
+    client: Client,
+    name: str,
+    ttl: float = DEFAULT_LOCK_TTL,
+    *,
+    timeout: float | None = None,
+    identity: str | None = None,
+) -> AsyncIterator[Lock]:
+    """Hold lock ``name`` for the body; the body is cancelled if the lock is lost, and
+    then :class:`LockLost` is raised. Released on the way out."""
+    held = await acquire(client, name, ttl, timeout=timeout, identity=identity)
+    try:
+        with trio.CancelScope() as body:
+            held._body = body
+            if held.lost.is_set():
+                body.cancel()
+            yield held
+    finally:
+        held._body = None
+        with trio.CancelScope(shield=True):
+            await held.release()
+    if held.lost.is_set():
+        raise LockLost(f"lock {name!r} (token {held.token}) was lost while it was held")
+
+
+async def leader(client: Client, name: str) -> str | None:
+    """The identity of who holds lock ``name`` now, or None. Takes nothing."""
+    name = normalize(name)
+    link = await client._current_link()
+    reply = await client._call(link, lambda i: p.LockQuery(id=i, name=name))
+    assert isinstance(reply, p.LockState)
+    return reply.identity
+
+
+def fence_of(fence: Lock | tuple[str, int] | None) -> p.Fence | None:
+    """What a change's ``fence=`` argument names on the wire."""
+    if fence is None:
+        return None
+    if isinstance(fence, Lock):
+        return fence.fence
+    name, token = fence
+    return (normalize(name), int(token))
+
+
+# ---------------------------------------------------------------- leader watches
+_Order = tuple[int, bool]  # (token, freed): the grant of a token, then its end
+
+
+class LockWatches:
+    """The live leader watches of one client: the reader hands them its notices. A
+    watch the caller has dropped is forgotten with it (a weak set)."""
+
+    def __init__(self) -> None:
+        self._watches: weakref.WeakSet[LeaderWatch] = weakref.WeakSet()
+
+    def add(self, watch: LeaderWatch) -> None:
+        self._watches.add(watch)
+
+    def notice(self, message: p.LockChanged) -> None:
+        """A push from the server (the reader calls this, in order)."""
+        for watch in self._watches:
+            if watch.name == message.name:
+                watch._deliver(message)
+
+    def relinked(self) -> None:
+        """A new connection: every watch subscribes again."""
+        for watch in self._watches:
+            watch._deliver(None)
+
+
+class LeaderWatch:
+    """``async for identity in client.watch_leader(name)``: the identity leading
+    ``name`` now, then at each change (None while nobody leads), through reconnects."""
+
+    def __init__(self, client: Client, name: str) -> None:
+        self.name = normalize(name)
+        self._client = client
+        self._notices: deque[p.LockChanged | None] = deque([None])  # None: subscribe
+        self._arrived = trio.Event()
+        self._shown: _Order | None = None
+        self._current: str | None = None
+        client._lock_watches.add(self)
+
+    def __aiter__(self) -> LeaderWatch:
+        return self
+
+    async def __anext__(self) -> str | None:
+        while True:
+            while self._notices:
+                notice = self._notices.popleft()
+                if notice is None:
+                    state = await self._subscribe()
+                    if state is None:  # not connected: try again
+                        self._notices.appendleft(None)
+                        continue
+                    notice_or_state: p.LockState | p.LockChanged = state
+                else:
+                    notice_or_state = notice
+                if self._is_change(notice_or_state.token, notice_or_state.identity):
+                    return self._current
+            await self._arrived.wait()
+            self._arrived = trio.Event()
+
+    def _deliver(self, notice: p.LockChanged | None) -> None:
+        self._notices.append(notice)
+        self._arrived.set()
+
+    async def _subscribe(self) -> p.LockState | None:
+        client = self._client
+        try:
+            link = await client._current_link()  # waits a while for a reconnect
+            state = await client._call(link, lambda i: p.LockWatch(id=i, name=self.name))
+        except Unavailable:
+            return None
+        assert isinstance(state, p.LockState)
+        return state
+
+    def _is_change(self, token: int, identity: str | None) -> bool:
+        """Whether this news is newer than what was shown, and names another leader."""
+        order = (token, identity is None)
+        if self._shown is not None and order <= self._shown:
+            return False
+        first = self._shown is None
+        self._shown = order
+        if not first and identity == self._current:
+            return False
+        self._current = identity
+        return True

@@ -1,0 +1,357 @@
+"""The lock table: exclusive leases on names, with fencing tokens, as a pure state machine.
+
+Theory of operation
+-------------------
+A lock is a lease that only one session may hold at a time: Chubby's and
+ZooKeeper's coordination primitive, built on the same rules of time as the read
+leases of :mod:`fscache.leases`. The table does no I/O and reads no clock: every
+call takes ``now`` (server-monotonic seconds) and returns the effects the caller
+carries out, in order; the caller calls :meth:`LockTable.tick` at
+:meth:`LockTable.next_deadline`.
+
+Lock names follow the path rules but are a namespace of their own: a lock named
+``jobs/leader`` is not a file. Rules:
+
+* Grant. An acquire of a free name is granted at once with a fencing token one
+  above the newest the name has ever had, and a ``ttl`` of the holder's choosing
+  (``2 * skew < ttl <= MAX_LOCK_TTL``, :func:`fscache.settings.check_lock_ttl`).
+  The server counts the lock live until ``expiry = now + ttl`` (``now`` being when
+  the acquire or renewal was received) and grants the name to no one else before
+  ``expiry + skew``. The holder trusts it until ``t_send + ttl - skew`` on its own
+  clock, ``t_send`` being when it *sent* the request; since ``t_send`` comes before
+  the server's ``now``, the old holder stops believing at least ``2 * skew`` before
+  the next grant can be made, with clocks that drift apart by less than ``skew``.
+* Queue. An acquire of a held name waits in a FIFO queue per name and is granted
+  when the lock is released or has expired (``now >= expiry + skew``). An acquire
+  that may not wait (a try) is answered :class:`Busy` instead.
+* Renew. The holder renews with its token before its lease runs out: a renewal
+  received while the lock is still its own (same session, same token, ``now <
+  expiry + skew``) moves ``expiry`` to ``now + ttl``; any other is refused, and
+  the holder has lost the lock.
+* Release. The holder's release frees the name at once; the next in the queue is
+  granted. A release naming an old token changes nothing.
+* Tokens are strictly increasing per name and outlive the server: each grant is
+  preceded by :class:`Persist` of the name's newest record (its token, the ttl it
+  was granted with, whether it is held); the caller makes it durable before it
+  sends the :class:`Granted` that follows. Releases and expiries persist too,
+  lazily: a record that says held when the lock is free costs only a wait.
+* Restart. A table built from the records of a previous incarnation at ``now``
+  grants no lock on a name whose record says held before ``now + ttl + skew``:
+  the lock granted before the restart may still be believed in until then. A
+  released record needs no wait.
+* Fencing. A change that names a lock and a token is allowed only while the token
+  is the newest granted for that name (:meth:`LockTable.check_fence`): a paused
+  holder whose lock passed to someone else is refused.
+* Sessions. A session ended with a goodbye releases its locks and drops its
+  queued acquires. A session whose connection is lost without one keeps its locks
+  until they expire (it may resume and renew them); its queued acquires are
+  dropped, since their answer has no connection to go to (:class:`Dropped`).
+* Watchers. Every grant, release and expiry is announced with :class:`Changed`
+  (who holds the name now, None while nobody does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import deque
+from collections.abc import Iterable
+
+from fscache.errors import Conflict
+from fscache.leases import HolderId, OpId
+from fscache.settings import DEFAULT_SKEW, MAX_LOCK_TTL, check_duration, check_lock_ttl
+
+__all__ = [
+    "Busy",
+    "Changed",
+    "Dropped",
+    "Effect",
+    "Granted",
+    "Holder",
+    "LockTable",
+    "Persist",
+    "Record",
+]
+
+
+# ---------------------------------------------------------------- records and effects
+@dataclasses.dataclass(frozen=True, slots=True)
+class Record:
+    """What survives a restart of one name: its newest token, the ttl that token was
+    granted with, and whether its lock may still be held."""
+
+    name: str
+    token: int
+    ttl: float
+    held: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds a name: its session, the identity it announced, its token."""
+
+    session: HolderId
+    identity: str
+    token: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Persist:
+    """Make :meth:`LockTable.records` durable; a :class:`Granted` after it in the
+    same list may be sent only once that is done."""
+
+    name: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Granted:
+    """Acquire ``op`` of ``session`` holds ``name`` with ``token`` for ``ttl`` seconds."""
+
+    op: OpId
+    session: HolderId
+    name: str
+    token: int
+    ttl: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Busy:
+    """Acquire ``op`` may not wait, and ``name`` is held (by ``token``, 0: held back
+    after a restart)."""
+
+    op: OpId
+    name: str
+    token: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Dropped:
+    """Queued acquire ``op`` will not be answered: its session has gone or gave it up."""
+
+    op: OpId
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Changed:
+    """For watchers: ``name`` is now held by ``identity`` with ``token``, or by no one
+    (``identity`` None; ``token`` the newest granted)."""
+
+    name: str
+    token: int
+    identity: str | None
+
+
+Effect = Persist | Granted | Busy | Dropped | Changed
+
+
+# ---------------------------------------------------------------- state per name
+@dataclasses.dataclass(slots=True, eq=False)
+class _Waiter:
+    op: OpId
+    session: HolderId
+    ttl: float
+    identity: str
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Name:
+    token: int = 0  # the newest granted
+    ttl: float = 0.0  # the ttl the newest token was granted with
+    holder: Holder | None = None
+    expiry: float = -math.inf  # server clock: receipt of the last acquire or renewal + ttl
+    free_at: float = -math.inf  # no grant before: expiry + skew, or the restart hold
+    queue: deque[_Waiter] = dataclasses.field(default_factory=deque)
+
+
+class LockTable:
+    def __init__(
+        self,
+        *,
+        skew: float = DEFAULT_SKEW,
+        max_ttl: float = MAX_LOCK_TTL,
+        records: Iterable[Record] = (),
+        now: float = 0.0,
+    ) -> None:
+        """``records``: what the previous incarnation persisted; the names they say
+        may be held are held back until ``now + ttl + skew``."""
+        self.skew = check_duration("skew", skew)
+        self.max_ttl = check_duration("max_ttl", max_ttl)
+        self._names: dict[str, _Name] = {}
+        self._busy: set[str] = set()  # names held, held back or with a queue
+        for record in records:
+            state = self._names[record.name] = _Name(record.token, record.ttl)
+            if record.held:
+                state.free_at = now + record.ttl + self.skew
+                self._busy.add(record.name)
+        # counters the server reports
+        self.locks_granted = 0
+        self.locks_expired = 0
+
+    # ------------------------------------------------------------ queries
+    def next_deadline(self) -> float | None:
+        """When :meth:`tick` next has something to do, or None."""
+        return min((self._names[name].free_at for name in self._busy), default=None)
+
+    def holder(self, name: str, now: float) -> Holder | None:
+        """Who holds ``name`` (until ``expiry + skew``), or None."""
+        state = self._names.get(name)
+        if state is None or state.holder is None or now >= state.free_at:
+            return None
+        return state.holder
+
+    def newest_token(self, name: str) -> int:
+        """The newest token granted for ``name`` (0: never)."""
+        state = self._names.get(name)
+        return 0 if state is None else state.token
+
+    def check_fence(self, name: str, token: int) -> None:
+        """Raise :class:`Conflict` unless ``token`` is the newest granted for ``name``."""
+        newest = self.newest_token(name)
+        if token != newest:
+            raise Conflict(
+                f"fenced by lock {name!r} with token {token}, but the newest token of"
+                f" {name!r} is {newest}: the change is refused"
+            )
+
+    def records(self) -> list[Record]:
+        """Every name's record, to persist (:class:`Persist`)."""
+        return [
+            Record(
+                name, state.token, state.ttl, held=state.holder is not None or name in self._busy
+            )
+            for name, state in self._names.items()
+        ]
+
+    def held(self, now: float) -> int:
+        """How many names are held."""
+        return sum(1 for name in self._busy if self.holder(name, now) is not None)
+
+    # ------------------------------------------------------------ events
+    def acquire(
+        self,
+        op: OpId,
+        session: HolderId,
+        name: str,
+        ttl: float,
+        identity: str,
+        now: float,
+        *,
+        wait: bool = True,
+    ) -> list[Effect]:
+        """``session`` asks for ``name`` for ``ttl`` seconds, announcing ``identity``:
+        granted now, queued (``wait``) or :class:`Busy`."""
+        ttl = check_lock_ttl(ttl, self.skew, self.max_ttl)
+        state = self._names.get(name)
+        if state is None:
+            state = self._names[name] = _Name()
+        if not wait and (state.queue or not self._is_free(state, now)):
+            return [Busy(op, name, state.holder.token if state.holder else 0)]
+        state.queue.append(_Waiter(op, session, ttl, identity))
+        self._busy.add(name)
+        return self._advance(name, state, now)
+
+    def renew(self, session: HolderId, name: str, token: int, now: float) -> float | None:
+        """The holder's renewal: the ttl it runs for from ``now``, or None if the lock
+        is no longer ``session``'s with ``token`` (released, expired, passed on)."""
+        state = self._names.get(name)
+        if state is None or state.holder is None or now >= state.free_at:
+            return None
+        if state.holder.session != session or state.holder.token != token:
+            return None
+        state.expiry = now + state.ttl
+        state.free_at = state.expiry + self.skew
+        return state.ttl
+
+    def release(self, session: HolderId, name: str, token: int, now: float) -> list[Effect]:
+        """``session`` gives ``name`` up; an old token or another's lock changes nothing."""
+        state = self._names.get(name)
+        if state is None or state.holder is None:
+            return []
+        if state.holder.session != session or state.holder.token != token:
+            return []
+        return self._free(name, state, now)
+
+    def cancel(self, session: HolderId, name: str) -> list[Effect]:
+        """``session`` stops waiting for ``name`` (its acquire timed out)."""
+        state = self._names.get(name)
+        if state is None:
+            return []
+        effects = self._drop_waiters(state, session)
+        self._settle(name, state)
+        return effects
+
+    def session_ended(self, session: HolderId, now: float) -> list[Effect]:
+        """A goodbye: ``session``'s locks are released, its queued acquires dropped."""
+        effects = self.disconnected(session)
+        for name in [n for n in self._busy if self._holds(session, n)]:
+            effects += self._free(name, self._names[name], now)
+        return effects
+
+    def disconnected(self, session: HolderId) -> list[Effect]:
+        """``session``'s connection is lost without a goodbye: its queued acquires are
+        dropped; its locks stay until they expire."""
+        effects: list[Effect] = []
+        for name in list(self._busy):
+            state = self._names[name]
+            effects += self._drop_waiters(state, session)
+            self._settle(name, state)
+        return effects
+
+    def tick(self, now: float) -> list[Effect]:
+        """Time has reached ``now``: expire locks past ``expiry + skew``, end restart
+        holds, and grant the names so freed."""
+        effects: list[Effect] = []
+        for name in [n for n in self._busy if now >= self._names[n].free_at]:
+            state = self._names[name]
+            if state.holder is not None:
+                self.locks_expired += 1
+                effects += self._free(name, state, now)
+            else:  # a restart hold is over
+                state.free_at = -math.inf
+                effects += self._advance(name, state, now)
+        return effects
+
+    # ------------------------------------------------------------ internals
+    def _is_free(self, state: _Name, now: float) -> bool:
+        return state.holder is None and now >= state.free_at
+
+    def _holds(self, session: HolderId, name: str) -> bool:
+        holder = self._names[name].holder
+        return holder is not None and holder.session == session
+
+    def _free(self, name: str, state: _Name, now: float) -> list[Effect]:
+        state.holder = None
+        state.expiry = state.free_at = -math.inf
+        effects: list[Effect] = [Changed(name, state.token, None), Persist(name)]
+        return effects + self._advance(name, state, now)
+
+    def _advance(self, name: str, state: _Name, now: float) -> list[Effect]:
+        """Grant ``name`` to the head of its queue if it is free."""
+        effects: list[Effect] = []
+        if state.queue and self._is_free(state, now):
+            waiter = state.queue.popleft()
+            state.token += 1
+            state.ttl = waiter.ttl
+            state.holder = Holder(waiter.session, waiter.identity, state.token)
+            state.expiry = now + waiter.ttl
+            state.free_at = state.expiry + self.skew
+            self.locks_granted += 1
+            effects += [
+                Persist(name),
+                Granted(waiter.op, waiter.session, name, state.token, waiter.ttl),
+                Changed(name, state.token, waiter.identity),
+            ]
+        self._settle(name, state)
+        return effects
+
+    def _settle(self, name: str, state: _Name) -> None:
+        """Keep ``_busy`` to the names held, held back or waited for."""
+        if state.holder is None and not state.queue and state.free_at == -math.inf:
+            self._busy.discard(name)
+
+    @staticmethod
+    def _drop_waiters(state: _Name, session: HolderId) -> list[Effect]:
+        dropped = [w for w in state.queue if w.session == session]
+        for waiter in dropped:
+            state.queue.remove(waiter)
+        return [Dropped(w.op) for w in dropped]

@@ -1,0 +1,220 @@
+"""The lock service: the driver of :class:`~fscache.locks.LockTable` in the server.
+
+Theory of operation
+-------------------
+The file service hands every lock request (acquire, renew, release, query, watch)
+to :meth:`LockService.handle` synchronously, on the event loop, with
+``trio.current_time()``; the table's effects are carried out at once, in order.
+The one await is the durable record: a :class:`~fscache.locks.Persist` marks the
+records dirty, and each :class:`~fscache.locks.Granted` after it waits in
+``_unsent`` until a persister task has written every name's record (one JSON file
+in the store's private state directory, by the store's durable write: temp file,
+fsync, rename) in a worker thread. Writes are one at a time and each writes the
+table as it is when it starts, so the newest token of every grant it releases is
+on disk, and a later write never loses an earlier token. A timer task sleeps until
+:meth:`LockTable.next_deadline` and ticks the table.
+
+Watchers are connections: a :class:`~fscache.protocol.LockWatch` subscribes the
+connection to one name until it closes, and every :class:`~fscache.locks.Changed`
+of that name is pushed to each. A connection that closes with a goodbye ends its
+session's locks; one lost without it only drops its session's queued acquires.
+
+A fenced change is checked by :meth:`LockService.check_fence` when the file service
+applies it, on the event loop just before the store's I/O: so a change queued by a
+holder that has since lost its lock is refused once a newer token exists.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import trio
+
+from fscache import protocol as p
+from fscache.errors import FscacheError, LockLost, LockTimeout, ProtocolError
+from fscache.leases import HolderId, OpId
+from fscache.locks import Busy, Changed, Dropped, Effect, Granted, LockTable, Persist, Record
+from fscache.paths import normalize
+from fscache.server.store import Store
+
+log = logging.getLogger("fscache.server")
+
+LOCKS_FILE = "locks.json"  # in the store's state directory: every name's newest token
+
+
+class Peer(Protocol):
+    """What the lock service needs of a connection."""
+
+    holder: HolderId
+    alive: bool
+
+    def send(self, message: p.Message) -> None: ...
+
+
+def load_records(store: Store) -> list[Record]:
+    """The records the last incarnation persisted. A file that cannot be parsed is
+    refused: starting without it could grant a token twice."""
+    data = store.load_state(LOCKS_FILE)
+    if data is None:
+        return []
+    try:
+        return [
+            Record(str(r["name"]), int(r["token"]), float(r["ttl"]), bool(r["held"]))
+            for r in json.loads(data)
+        ]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise FscacheError(f"the lock records in {LOCKS_FILE} cannot be read: {exc}") from None
+
+
+def _dump_records(records: list[Record]) -> bytes:
+    return json.dumps(
+        [{"name": r.name, "token": r.token, "ttl": r.ttl, "held": r.held} for r in records]
+    ).encode()
+
+
+class LockService:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        skew: float,
+        blocking_io: Callable[..., Awaitable[Any]],
+        now: float,
+    ) -> None:
+        self.store = store
+        self.table = LockTable(skew=skew, records=load_records(store), now=now)
+        self._blocking_io = blocking_io
+        self._next_op = 0
+        self._waiting: dict[OpId, tuple[Peer, int]] = {}  # queued acquires: who, request id
+        self._watchers: dict[str, set[Peer]] = {}
+        self._watching: dict[Peer, set[str]] = {}
+        self._unsent: list[tuple[Peer, p.Message]] = []  # grants whose record is not on disk
+        self._dirty = False
+        self._persist_wake = trio.Event()
+        self._timer_wake = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Persist records and tick the table until cancelled."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._persister)
+            nursery.start_soon(self._timer)
+            task_status.started()
+
+    # ------------------------------------------------------------ requests
+    def handle(self, connection: Peer, message: p.Message) -> None:
+        """Answer one lock request (the table's deadline may move: the timer wakes)."""
+        self._timer_wake.set()
+        now = trio.current_time()
+        if isinstance(message, p.Acquire):
+            self._next_op += 1
+            op = OpId(self._next_op)
+            self._waiting[op] = (connection, message.id)
+            name = normalize(message.name)
+            effects = self.table.acquire(
+                op, connection.holder, name, message.ttl, message.identity, now, wait=message.wait
+            )
+            self._execute(effects)
+        elif isinstance(message, p.Renew):
+            ttl = self.table.renew(connection.holder, normalize(message.name), message.token, now)
+            if ttl is None:
+                raise LockLost(
+                    f"lock {message.name!r} with token {message.token} is no longer held:"
+                    " released, expired or taken by another"
+                )
+            connection.send(p.LockGranted(id=message.id, token=message.token, ttl=ttl))
+        elif isinstance(message, p.Release):
+            name = normalize(message.name)
+            if message.token:
+                self._execute(self.table.release(connection.holder, name, message.token, now))
+            else:
+                self._execute(self.table.cancel(connection.holder, name))
+            connection.send(p.Done(id=message.id))
+        elif isinstance(message, p.LockQuery | p.LockWatch):
+            name = normalize(message.name)
+            if isinstance(message, p.LockWatch):
+                self._watchers.setdefault(name, set()).add(connection)
+                self._watching.setdefault(connection, set()).add(name)
+            holder = self.table.holder(name, now)
+            token = self.table.newest_token(name) if holder is None else holder.token
+            identity = None if holder is None else holder.identity
+            connection.send(p.LockState(id=message.id, token=token, identity=identity))
+        else:
+            raise ProtocolError(f"{message.TYPE} is not a lock request")
+
+    def check_fence(self, fence: p.Fence | None) -> None:
+        """Raise :class:`~fscache.errors.Conflict` if ``fence`` names a token that is
+        not the newest granted for its lock."""
+        if fence is not None:
+            self.table.check_fence(normalize(fence[0]), fence[1])
+
+    def connection_closed(self, connection: Peer, *, goodbye: bool, current: bool) -> None:
+        """``connection`` is gone: its watches end. If it was its session's ``current``
+        one (not displaced by a resumed one), with a goodbye the session's locks are
+        released, without one its queued acquires are dropped."""
+        for name in self._watching.pop(connection, ()):
+            watchers = self._watchers[name]
+            watchers.discard(connection)
+            if not watchers:
+                del self._watchers[name]
+        if not current:
+            return
+        self._timer_wake.set()
+        now = trio.current_time()
+        if goodbye:
+            self._execute(self.table.session_ended(connection.holder, now))
+        else:
+            self._execute(self.table.disconnected(connection.holder))
+
+    # ------------------------------------------------------------ effects
+    def _execute(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Persist):
+                self._dirty = True
+                self._persist_wake.set()
+            elif isinstance(effect, Granted):
+                connection, request_id = self._waiting.pop(effect.op)
+                reply = p.LockGranted(id=request_id, token=effect.token, ttl=effect.ttl)
+                self._unsent.append((connection, reply))  # once the record is on disk
+            elif isinstance(effect, Busy):
+                connection, request_id = self._waiting.pop(effect.op)
+                error = LockTimeout(f"lock {effect.name!r} is held")
+                connection.send(p.Error(id=request_id, code=error.code, message=str(error)))
+            elif isinstance(effect, Dropped):
+                self._waiting.pop(effect.op, None)
+            elif isinstance(effect, Changed):
+                notice = p.LockChanged(effect.name, effect.token, effect.identity)
+                for watcher in self._watchers.get(effect.name, ()):
+                    watcher.send(notice)
+
+    async def _persister(self) -> None:
+        """Write the records whenever they changed, then send the grants waiting on them."""
+        while True:
+            await self._persist_wake.wait()
+            self._persist_wake = trio.Event()
+            if not self._dirty:
+                continue
+            self._dirty = False
+            ready, self._unsent = self._unsent, []
+            data = _dump_records(self.table.records())
+            try:
+                await self._blocking_io(self.store.save_state, LOCKS_FILE, data)
+            except FscacheError as exc:  # the grants cannot be trusted to outlive us
+                log.error("lock records not saved, the grants waiting are refused: %s", exc)
+                for connection, reply in ready:
+                    assert isinstance(reply, p.LockGranted)
+                    connection.send(p.Error(id=reply.id, code=exc.code, message=str(exc)))
+                continue
+            for connection, reply in ready:
+                connection.send(reply)
+
+    async def _timer(self) -> None:
+        while True:
+            deadline = self.table.next_deadline()
+            with trio.move_on_at(math.inf if deadline is None else deadline):
+                await self._timer_wake.wait()
+            self._timer_wake = trio.Event()
+            self._execute(self.table.tick(trio.current_time()))

@@ -1,0 +1,300 @@
+"""Locks, fencing and leadership in the running service (``docs/design.md``, "Locks
+and fencing").
+
+Test rules: timing runs under ``autojump_clock`` over memory streams (``harness.py``:
+the records are written without a worker thread, so no virtual time passes while
+they are), and each rule is asserted at its exact virtual instant. The end-to-end
+test uses real TCP on 127.0.0.1, port 0, and a real worker thread for the records,
+and asserts outcomes and order only.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+import pytest
+import trio
+import trio.testing
+
+import fscache
+from fscache import protocol as p
+from fscache.server.service import FileService, ServerSettings, serve
+
+from .harness import Cluster, run_inline
+
+SKEW = 0.1
+TTL = 3.0
+
+
+def at(value: float) -> object:
+    return pytest.approx(value, abs=1e-9)
+
+
+@pytest.fixture
+async def cluster(nursery: trio.Nursery, root: pathlib.Path) -> Cluster:
+    cluster = Cluster(nursery, root, skew=SKEW)
+    await cluster.start()
+    return cluster
+
+
+def service_of(cluster: Cluster) -> FileService:
+    assert cluster.service is not None
+    return cluster.service
+
+
+# ---------------------------------------------------------------- grant, wait, release
+async def test_a_lock_is_granted_with_a_token_and_released(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("a") as a:
+        sent = trio.current_time()
+        lock = await a.acquire("jobs/leader", TTL)
+        assert (lock.name, lock.token, lock.identity) == ("jobs/leader", 1, "a")
+        assert lock.held and lock.valid_until == at(sent + TTL - SKEW)
+        assert await a.leader("jobs/leader") == "a"
+        await lock.release()
+        assert not lock.held and not lock.lost.is_set()
+        assert await a.leader("jobs/leader") is None
+        again = await a.acquire("jobs/leader", TTL)
+        assert again.token == 2
+        await again.release()
+
+
+async def test_a_second_acquire_waits_for_the_release_in_line(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("a") as a, cluster.client("b") as b:
+        first = await a.acquire("l", TTL)
+        got: list[tuple[float, int]] = []
+
+        async def wait_for_it() -> None:
+            lock = await b.acquire("l", TTL)
+            got.append((trio.current_time(), lock.token))
+            await lock.release()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_for_it)
+            await trio.sleep(20.0)  # renewed all the while: b waits
+            assert got == []
+            await first.release()
+        assert got == [(at(20.0), 2)]
+
+
+async def test_an_acquire_times_out_and_holds_nothing(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("a") as a, cluster.client("b") as b:
+        first = await a.acquire("l", TTL)
+        with pytest.raises(fscache.LockTimeout):
+            await b.acquire("l", TTL, timeout=0)
+        assert trio.current_time() == at(0.0)
+        with pytest.raises(fscache.LockTimeout):
+            await b.acquire("l", TTL, timeout=2.5)
+        assert trio.current_time() == at(2.5)
+        await first.release()
+        lock = await a.acquire("l", TTL, timeout=0)  # no one waits in line any more
+        assert lock.token == 2
+
+
+async def test_a_ttl_out_of_bounds_is_refused(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("a") as a:
+        for ttl in (2 * SKEW, 301.0, -1.0, math.inf):
+            with pytest.raises(fscache.FscacheError, match="ttl"):
+                await a.acquire("l", ttl)
+        raw = await cluster.raw("r")
+        await raw.send(p.Acquire(id=1, name="l", ttl=0.1, identity="r", wait=True))
+        error = await raw.receive()
+        assert isinstance(error, p.Error) and "ttl" in error.message
+
+
+# ---------------------------------------------------------------- renewal and expiry
+async def test_renewal_keeps_the_lock_past_its_ttl(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("a") as a:
+        async with a.lock("l", ttl=TTL) as lock:
+            await trio.sleep(10 * TTL)
+            assert lock.held and not lock.lost.is_set()
+            assert lock.valid_until > trio.current_time() + TTL / 2
+        assert await a.leader("l") is None
+
+
+async def test_a_silent_holder_loses_at_its_expiry_and_the_next_is_granted_after_skew(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The holder is cut off: its body is cancelled at ``t_send + ttl - skew`` on its
+    clock, the ``async with`` raises LockLost; the waiter is granted at
+    ``t_receive + ttl + skew``, 2 * skew later."""
+    cluster_log: list[tuple[str, float]] = []
+    async with cluster.client("a") as a, cluster.client("b") as b:
+
+        async def hold() -> None:
+            with pytest.raises(fscache.LockLost):
+                async with a.lock("l", ttl=TTL):
+                    cluster.refuse = True
+                    await cluster.cut("a")
+                    try:
+                        await trio.sleep_forever()
+                    finally:
+                        cluster_log.append(("a cancelled", trio.current_time()))
+            cluster_log.append(("a after", trio.current_time()))
+
+        async def wait() -> None:
+            await trio.sleep(0.5)
+            lock = await b.acquire("l", TTL)
+            cluster_log.append((f"b granted {lock.token}", trio.current_time()))
+            await lock.release()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hold)
+            nursery.start_soon(wait)
+        assert cluster_log == [
+            ("a cancelled", at(TTL - SKEW)),
+            ("a after", at(TTL - SKEW)),
+            ("b granted 2", at(TTL + SKEW)),
+        ]
+        cluster.refuse = False
+
+
+async def test_watch_leader_reports_each_change(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    seen: list[tuple[str | None, float]] = []
+    async with cluster.client("w") as w, cluster.client("a") as a, cluster.client("b") as b:
+
+        async def watch() -> None:
+            async for identity in w.watch_leader("jobs/leader"):
+                seen.append((identity, trio.current_time()))
+                if len(seen) == 4:
+                    return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            await trio.sleep(1.0)
+            async with a.leadership("jobs/leader", identity="w1", ttl=TTL):
+                assert await b.leader("jobs/leader") == "w1"
+                await trio.sleep(1.0)
+            await trio.sleep(1.0)
+            async with b.leadership("jobs/leader", identity="w2", ttl=TTL):
+                await trio.sleep(1.0)
+        assert seen == [(None, at(0.0)), ("w1", at(1.0)), (None, at(2.0)), ("w2", at(3.0))]
+
+
+# ---------------------------------------------------------------- fencing
+async def test_a_fenced_write_is_refused_once_a_newer_token_exists(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("a") as a, cluster.client("b") as b:
+        old = await a.acquire("l", TTL)
+        await a.write("out.txt", b"one", fence=old)
+        await old.release()
+        new = await b.acquire("l", TTL)
+        with pytest.raises(fscache.Conflict, match=r"token 1.*newest token of 'l' is 2"):
+            await a.write("out.txt", b"stale", fence=("l", old.token))
+        for change in (
+            a.write("out.txt", b"x", fence=old, offset=0),
+            a.truncate("out.txt", 0, fence=old),
+            a.delete("out.txt", fence=old),
+            a.rename("out.txt", "moved.txt", fence=old),
+            a.mkdir("d", fence=old),
+            a.write("big.bin", b"x" * (3 << 20), fence=old),  # an upload's commit
+        ):
+            with pytest.raises(fscache.Conflict):
+                await change
+        await a.mkdir("d")
+        with pytest.raises(fscache.Conflict):
+            await a.rmdir("d", fence=old)
+        await b.write("out.txt", b"two", fence=new)
+        assert await a.read("out.txt") == b"two"
+
+
+async def test_a_fenced_write_queued_before_the_hand_over_is_refused_when_applied(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The write waits for a reader's lease; the lock passes on meanwhile; when the
+    write's turn comes its token is no longer the newest."""
+    async with cluster.client("r") as r, cluster.client("a") as a, cluster.client("b") as b:
+        await a.write("out.txt", b"one")
+        assert await r.read("out.txt") == b"one"
+        cluster.hold("r")  # r stops answering approval requests: its lease is waited out
+        old = await a.acquire("l", TTL)
+        results: list[object] = []
+
+        async def stale_write() -> None:
+            try:
+                await a.write("out.txt", b"stale", fence=old)
+            except fscache.Conflict as exc:
+                results.append(("refused", trio.current_time(), str(exc)))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stale_write)
+            await trio.sleep(1.0)
+            await old.release()
+            new = await b.acquire("l", TTL)
+            assert new.token == 2
+        cluster.release("r")
+        assert len(results) == 1 and results[0][0] == "refused"
+        assert await b.read("out.txt") == b"one"
+
+
+# ---------------------------------------------------------------- restart
+async def test_tokens_survive_a_restart_and_a_held_lock_is_held_back(
+    nursery: trio.Nursery, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    first = Cluster(nursery, root, skew=SKEW)
+    await first.start()
+    async with first.client("a") as a:
+        lock = await a.acquire("held", 5.0)
+        freed = await a.acquire("freed", TTL)
+        await freed.release()
+        assert (lock.token, freed.token) == (1, 1)
+    # a's goodbye released "held" too: start again from a record that says held
+    service_of(first).store.save_state(
+        "locks.json",
+        b'[{"name": "held", "token": 1, "ttl": 5.0, "held": true},'
+        b' {"name": "freed", "token": 1, "ttl": 3.0, "held": false}]',
+    )
+    service_of(first).store.close()
+    await trio.sleep(1.0)
+    restarted = FileService(
+        ServerSettings(root=str(root), port=0, skew=SKEW), blocking_io=run_inline
+    )
+    started = trio.current_time()
+    second = Cluster(nursery, root, skew=SKEW)
+    second.service = restarted
+    await nursery.start(restarted.run_engine)
+    async with second.client("b") as b:
+        freed = await b.acquire("freed", TTL)
+        assert freed.token == 2 and trio.current_time() == at(started)
+        lock = await b.acquire("held", TTL)
+        assert lock.token == 2 and trio.current_time() == at(started + 5.0 + SKEW)
+
+
+# ---------------------------------------------------------------- real TCP
+async def test_locks_over_real_tcp(nursery: trio.Nursery, root: pathlib.Path) -> None:
+    service = await nursery.start(serve, ServerSettings(root=str(root), port=0, skew=SKEW))
+    async with (
+        fscache.open_client(service.host, service.port, client_id="a") as a,
+        fscache.open_client(service.host, service.port, client_id="b") as b,
+    ):
+        order: list[str] = []
+        async with a.lock("jobs/leader", ttl=1.0) as lock:
+            await a.write("out.txt", b"a", fence=lock)
+
+            async def second() -> None:
+                async with b.lock("jobs/leader", ttl=1.0) as later:
+                    order.append(f"b {later.token}")
+                    await b.write("out.txt", b"b", fence=later)
+
+            nursery.start_soon(second)
+            await trio.sleep(0.2)
+            order.append(f"a {lock.token}")
+        with trio.fail_after(10):
+            while len(order) < 2 or await a.read("out.txt") != b"b":
+                await trio.sleep(0.05)
+        assert order == ["a 1", "b 2"]
+        with pytest.raises(fscache.Conflict):
+            await a.write("out.txt", b"late", fence=lock)
