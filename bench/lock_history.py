@@ -124,25 +124,29 @@ def check(logs: dict[str, list[dict[str, Any]]]) -> Verdict:
 
     held = sorted((b for b in beliefs if b.end > b.start), key=lambda b: b.start)
     for before, after in itertools.pairwise(held):
-        if after.start < before.end:
-            problems.append(
-                f"{before.process} (token {before.token}) believed it held the lock until"
-                f" {before.end:.6f}, but {after.process} (token {after.token}) believed so"
-                f" from {after.start:.6f}"
-            )
         if after.token <= before.token:
             problems.append(
                 f"token {after.token} ({after.process}) was granted after"
                 f" token {before.token} ({before.process})"
             )
-
-    for before, after in itertools.pairwise(applied):
-        if after.version == before.version:
-            problems.append(f"two applied writes share version {after.version}")
-        if after.token < before.token:
+    longest: Belief | None = None  # of the beliefs begun so far, the one that lasts longest
+    for b in held:
+        if longest is not None and b.start < longest.end:
             problems.append(
-                f"a write with token {after.token} ({after.process}) was applied after"
-                f" one with token {before.token} ({before.process})"
+                f"{longest.process} (token {longest.token}) believed it held the lock until"
+                f" {longest.end:.6f}, but {b.process} (token {b.token}) believed so"
+                f" from {b.start:.6f}"
+            )
+        if longest is None or b.end > longest.end:
+            longest = b
+
+    for earlier, later in itertools.pairwise(applied):
+        if later.version == earlier.version:
+            problems.append(f"two applied writes share version {later.version}")
+        if later.token < earlier.token:
+            problems.append(
+                f"a write with token {later.token} ({later.process}) was applied after"
+                f" one with token {earlier.token} ({earlier.process})"
             )
     return Verdict(
         beliefs=beliefs,

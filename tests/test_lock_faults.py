@@ -202,6 +202,20 @@ def test_the_checker_finds_two_believers_at_once() -> None:
     assert "believed it held the lock until" in verdict.problems[0]
 
 
+def test_the_checker_finds_a_long_belief_overlapping_a_later_one() -> None:
+    verdict = check(
+        {
+            "a": [acquired(0, 1, 5.0)],
+            "b": [acquired(1, 2, 2), released(1.5, 2)],
+            "c": [acquired(3, 3, 4)],
+        }
+    )
+    assert [p.split(" believed")[0] for p in verdict.problems] == [
+        "a (token 1)",
+        "a (token 1)",
+    ]
+
+
 def test_a_release_ends_belief_before_valid_until() -> None:
     verdict = check({"a": [acquired(0, 1, 0.9), released(0.2, 1)], "b": [acquired(0.3, 2, 1.2)]})
     assert verdict.problems == []
