@@ -22,18 +22,18 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import trio
 
 import fscache
 from fscache.bench import procs
 from fscache.bench.lock_holder import WATCH_POLL, emit
+from fscache.client.locks import Lock
 
 HEARTBEAT_EVERY = 0.1
 
 
-async def _lead(client: fscache.Client, args: argparse.Namespace, leader: Any) -> None:
+async def _lead(client: fscache.Client, args: argparse.Namespace, leader: Lock) -> None:
     """While leading: heartbeat writes fenced with the leadership, and its renewals."""
     emit("elected", token=leader.token, valid_until=leader.valid_until)
 

@@ -42,6 +42,7 @@ import trio
 
 import fscache
 from fscache.bench import procs
+from fscache.client.locks import Lock
 
 WATCH_POLL = 0.002
 WRITE_EVERY = 0.02
@@ -60,7 +61,7 @@ class Holder:
         self.ttl = ttl
         self.identity = identity
         self.fenced = fenced
-        self.lock: Any = None
+        self.lock: Lock | None = None
         self.seq = 0
 
     @property
