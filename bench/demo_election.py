@@ -85,12 +85,17 @@ class ElectionDemo(CrashDemo):
         c.section(f"1. {self.clients} candidates run for {ELECTION}")
         await self._start_candidates(nursery)
         leader, elected = await self._first_election()
-        last = await self._renewal(leader, elected)
+        renewed = await self._renewal(leader, elected)
 
         c.section("2. The leader is killed")
         t_kill = time.monotonic()
         leader.proc.send_signal(signal.SIGKILL)
         leader.killed_at = t_kill
+        await leader.take("exit")  # all it said before it died has been read
+        last = max(
+            [renewed, *(e for e in leader.inbox if e["event"] == "renewed")],
+            key=lambda e: float(e["valid_until"]),
+        )
         server_end = last["valid_until"] + 2 * self.skew  # = t_send + ttl + skew
         c.event(
             t_kill,
@@ -177,8 +182,9 @@ class ElectionDemo(CrashDemo):
         return leader, elected
 
     async def _renewal(self, leader: Reader, elected: dict[str, Any]) -> dict[str, Any]:
-        """Wait for the leader's first renewal; it is the last one before the kill."""
-        _, renewed = await self._next("renewed", [leader], elected["t"], self.ttl + STEP_TIMEOUT)
+        """The leader's next renewal from now; the demo kills it right after."""
+        since = time.monotonic()
+        _, renewed = await self._next("renewed", [leader], since, self.ttl + STEP_TIMEOUT)
         sent = renewed["valid_until"] - self.ttl + self.skew
         self.c.event(
             renewed["t"],
@@ -197,9 +203,7 @@ class ElectionDemo(CrashDemo):
         server_end: float,
     ) -> None:
         c = self.c
-        believed = max([last["valid_until"]] + [
-            e["valid_until"] for e in old.inbox if e["event"] == "renewed"
-        ])  # fmt: skip
+        believed = last["valid_until"]
         c.event(believed, old.name, "(dead) would have stopped believing it leads here", "dim")
         # Its heartbeat writes left it a read lease on the file, as every writer gets one,
         # which the server also waits out: the new leader's first write lands after both.
@@ -314,7 +318,7 @@ def run_election_demo(
         raise FscacheError(f"--ttl must be at least {MIN_TTL:g} s for the demo")
     if not 0 <= skew < ttl / 2:
         raise FscacheError("--skew must be at least 0 and less than half of --ttl")
-    console = Console(time.monotonic(), out or sys.stdout)
+    console = Console(time.monotonic(), out or sys.stdout, who_width=len("candidate 10"))
     c = console
     c.line(
         c.paint(
