@@ -14,7 +14,8 @@ import sys
 import tempfile
 import textwrap
 import time
-from typing import TextIO
+from collections.abc import Callable
+from typing import TextIO, TypeVar
 
 import trio
 
@@ -36,6 +37,61 @@ def _leaf(exc: BaseException) -> BaseException:
                 return _leaf(inner)
         exc = exc.exceptions[0]
     return exc
+
+
+Demo = TypeVar("Demo", bound=CrashDemo)
+
+
+def play(make: Callable[[procs.Commands], Demo]) -> tuple[Demo, int | None]:
+    """Make a demo whose children log to a temporary directory, run its script with a
+    server root in it, stop the children, print the checks; the demo, and the exit
+    status if it was interrupted or a check failed (None if every check passed)."""
+    with tempfile.TemporaryDirectory(prefix="fscache-demo-") as temp:
+        root, logs = os.path.join(temp, "root"), os.path.join(temp, "logs")
+        os.mkdir(root)
+        os.mkdir(logs)
+        demo = make(procs.Commands(logs))
+        return demo, _play(demo, root)
+
+
+def _play(demo: CrashDemo, root: str) -> int | None:
+    c = demo.c
+    try:
+        try:
+            trio.run(demo.run, root)
+        except BaseException as exc:
+            leaf = _leaf(exc)
+            if isinstance(leaf, KeyboardInterrupt):
+                c.clear_status()
+                c.line(f"\ninterrupted: stopping the server and the {demo.children_name}")
+                return 130
+            if isinstance(leaf, Interrupted):
+                c.clear_status()
+                c.line(f"\n{leaf}: stopping the server and the {demo.children_name}")
+                return 128 + leaf.signum
+            if not isinstance(leaf, Abort | FscacheError):
+                raise
+            c.clear_status()
+            why = str(leaf) if isinstance(leaf, Abort) else f"{type(leaf).__name__}: {leaf}"
+            demo.check("demo stopped", why, False)
+    finally:
+        demo.children.stop_all()
+    if demo.checks:
+        demo.summary()
+    problems = demo.problems
+    c.line()
+    if not problems:
+        return None
+    for name, path in demo.logs():
+        tail = procs.tail(path)
+        if tail:
+            c.line(f"last lines of the {name}'s log:")
+            for line in tail:
+                c.line(f"    {line}")
+    c.line(c.paint(f"FAIL: {problems[0]}", "red"))
+    for problem in problems[1:]:
+        c.line(c.paint(f"      {problem}", "red"))
+    return 1
 
 
 def run_crash_demo(
@@ -75,13 +131,9 @@ def run_crash_demo(
     for line in textwrap.wrap(intro, 88):
         c.line(line)
     c.line()
-    with tempfile.TemporaryDirectory(prefix="fscache-demo-") as temp:
-        root = os.path.join(temp, "root")
-        logs = os.path.join(temp, "logs")
-        os.mkdir(root)
-        os.mkdir(logs)
-        children = procs.Commands(logs)
-        demo = CrashDemo(
+
+    def make(children: procs.Commands) -> CrashDemo:
+        return CrashDemo(
             term=term,
             skew=skew,
             clients=clients,
@@ -89,50 +141,19 @@ def run_crash_demo(
             console=console,
             children=children,
         )
-        try:
-            try:
-                trio.run(demo.run, root)
-            except BaseException as exc:
-                leaf = _leaf(exc)
-                if isinstance(leaf, KeyboardInterrupt):
-                    c.clear_status()
-                    c.line("\ninterrupted: stopping the server and the readers")
-                    return 130
-                if isinstance(leaf, Interrupted):
-                    c.clear_status()
-                    c.line(f"\n{leaf}: stopping the server and the readers")
-                    return 128 + leaf.signum
-                if not isinstance(leaf, Abort | FscacheError):
-                    raise
-                c.clear_status()
-                why = str(leaf) if isinstance(leaf, Abort) else f"{type(leaf).__name__}: {leaf}"
-                demo.check("demo stopped", why, False)
-        finally:
-            children.stop_all()
-        if demo.checks:
-            demo.summary()
-        problems = demo.problems
-        c.line()
-        if problems:
-            for name, path in demo.logs():
-                tail = procs.tail(path)
-                if tail:
-                    c.line(f"last lines of the {name}'s log:")
-                    for line in tail:
-                        c.line(f"    {line}")
-            c.line(c.paint(f"FAIL: {problems[0]}", "red"))
-            for problem in problems[1:]:
-                c.line(c.paint(f"      {problem}", "red"))
-            return 1
-        c.line(
-            c.paint(
-                f"OK: the writer waited {demo.wait_measured:.2f} s for the dead client's lease"
-                f" (expected {demo.wait_expected:.2f} s); live clients approved at once;"
-                " no stale read; nothing lost",
-                "green",
-            )
+
+    demo, status = play(make)
+    if status is not None:
+        return status
+    c.line(
+        c.paint(
+            f"OK: the writer waited {demo.wait_measured:.2f} s for the dead client's lease"
+            f" (expected {demo.wait_expected:.2f} s); live clients approved at once;"
+            " no stale read; nothing lost",
+            "green",
         )
-        return 0
+    )
+    return 0
 
 
 __all__ = ["Tolerances", "run_crash_demo"]

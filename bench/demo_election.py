@@ -19,10 +19,8 @@ process, one clock for the machine.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
-import tempfile
 import textwrap
 import time
 from typing import Any, TextIO
@@ -31,10 +29,10 @@ import trio
 
 import fscache
 from fscache.bench import procs
-from fscache.bench.demo import _leaf
+from fscache.bench.demo import play
 from fscache.bench.demo_console import Console
 from fscache.bench.demo_reader import STEP_TIMEOUT, Abort, Reader
-from fscache.bench.demo_script import START_TIMEOUT, CrashDemo, Interrupted, Tolerances
+from fscache.bench.demo_script import START_TIMEOUT, CrashDemo, Tolerances
 from fscache.errors import FscacheError
 
 ELECTION = "demo/leader"
@@ -45,6 +43,8 @@ MAX_CANDIDATES = 16
 
 class ElectionDemo(CrashDemo):
     """The election's script; the crash demo's server, checks and summary."""
+
+    children_name = "candidates"
 
     def __init__(
         self,
@@ -76,7 +76,7 @@ class ElectionDemo(CrashDemo):
             async with fscache.open_client(self.host, self.port, client_id="demo-observer") as c:
                 self._writer = c
                 await self._script(nursery)
-            await self._stop_candidates()
+            await self._stop_readers()
             await self._stop_server()
             nursery.cancel_scope.cancel()
 
@@ -125,18 +125,6 @@ class ElectionDemo(CrashDemo):
         ready = [await r.take("ready", timeout=START_TIMEOUT) for r in self.readers]
         for candidate, event in sorted(zip(self.readers, ready, strict=True), key=_at):
             self.c.event(event["t"], candidate.name, f"connected (pid {candidate.proc.pid})")
-
-    async def _stop_candidates(self) -> None:
-        live = [r for r in self.readers if r.killed_at is None]
-        for candidate in live:
-            candidate.command("quit")
-        statuses = [await procs.wait_exit(r.proc, STEP_TIMEOUT) for r in live]
-        bad = [f"{r.name}: {s}" for r, s in zip(live, statuses, strict=True) if s != 0]
-        self.check(
-            "candidates exit",
-            f"exit status {', '.join(bad)}" if bad else f"{len(live)} live ones exited with 0",
-            not bad,
-        )
 
     async def _next(self, kind: str, candidates: list[Reader], since: float, timeout: float) -> Any:
         """The first ``kind`` event, stamped at or after ``since``, from any of ``candidates``."""
@@ -335,12 +323,10 @@ def run_election_demo(
     )
     for line in textwrap.wrap(intro, 88):
         c.line(line)
-    with tempfile.TemporaryDirectory(prefix="fscache-election-") as temp:
-        root, logs = os.path.join(temp, "root"), os.path.join(temp, "logs")
-        os.mkdir(root)
-        os.mkdir(logs)
-        children = procs.Commands(logs)
-        demo = ElectionDemo(
+    c.line()
+
+    def make(children: procs.Commands) -> ElectionDemo:
+        return ElectionDemo(
             ttl=ttl,
             skew=skew,
             candidates=candidates,
@@ -348,43 +334,18 @@ def run_election_demo(
             console=console,
             children=children,
         )
-        try:
-            try:
-                trio.run(demo.run, root)
-            except BaseException as exc:
-                leaf = _leaf(exc)
-                if isinstance(leaf, KeyboardInterrupt):
-                    c.line("\ninterrupted: stopping the server and the candidates")
-                    return 130
-                if isinstance(leaf, Interrupted):
-                    c.line(f"\n{leaf}: stopping the server and the candidates")
-                    return 128 + leaf.signum
-                if not isinstance(leaf, Abort | FscacheError):
-                    raise
-                why = str(leaf) if isinstance(leaf, Abort) else f"{type(leaf).__name__}: {leaf}"
-                demo.check("demo stopped", why, False)
-        finally:
-            children.stop_all()
-        if demo.checks:
-            demo.summary()
-        c.line()
-        if demo.problems:
-            for name, path in demo.logs():
-                tail = procs.tail(path)
-                if tail:
-                    c.line(f"last lines of the {name}'s log:")
-                    for line in tail:
-                        c.line(f"    {line}")
-            c.line(c.paint(f"FAIL: {demo.problems[0]}", "red"))
-            return 1
-        c.line(
-            c.paint(
-                f"OK: the leadership passed {demo.handover:.2f} s after the kill, once the dead"
-                " leader's lock had run out; the old token was refused",
-                "green",
-            )
+
+    demo, status = play(make)
+    if status is not None:
+        return status
+    c.line(
+        c.paint(
+            f"OK: the leadership passed {demo.handover:.2f} s after the kill, once the dead"
+            " leader's lock had run out; the old token was refused",
+            "green",
         )
-        return 0
+    )
+    return 0
 
 
 __all__ = ["run_election_demo"]

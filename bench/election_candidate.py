@@ -17,7 +17,6 @@ It speaks JSON lines on stdout (``{"event": ..., "t": ...}``, stamped with
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -27,7 +26,7 @@ import trio
 
 import fscache
 from fscache.bench import procs
-from fscache.bench.lock_holder import WATCH_POLL, emit
+from fscache.bench.lock_holder import WATCH_POLL, emit, run_child
 from fscache.client.locks import Lock
 
 HEARTBEAT_EVERY = 0.1
@@ -77,8 +76,7 @@ async def _main(args: argparse.Namespace) -> None:
         emit("ready", pid=os.getpid())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_campaign, client, args)
-            stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
-            async with stdin, contextlib.aclosing(procs.lines(stdin)) as commands:
+            async with procs.stdin_lines() as commands:
                 async for line in commands:
                     if line.strip() == "quit":
                         break
@@ -92,13 +90,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--identity", required=True)
     parser.add_argument("--ttl", type=float, required=True)
     parser.add_argument("--heartbeat", required=True)
-    args = parser.parse_args(argv)
-    try:
-        trio.run(_main, args)
-    except fscache.FscacheError as exc:
-        emit("error", message=f"{type(exc).__name__}: {exc}")
-        return 1
-    return 0
+    return run_child(_main, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -29,13 +29,12 @@ writing every 20 ms, release, rest a random time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
@@ -117,8 +116,7 @@ class Holder:
         emit("released", token=lock.token)
 
     async def commands(self) -> None:
-        stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
-        async with stdin, contextlib.aclosing(procs.lines(stdin)) as lines:
+        async with procs.stdin_lines() as lines:
             async for line in lines:
                 word = line.strip()
                 if word == "quit":
@@ -164,9 +162,16 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--fenced", default="fenced.log", help="the file fenced writes go to")
     parser.add_argument("--run", type=float, help="loop by itself for this many seconds")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    return run_child(_main, parser.parse_args(argv))
+
+
+def run_child(
+    main: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace
+) -> int:
+    """A child process's trio ``main``; an fscache error ends it with an ``error`` event
+    and exit status 1."""
     try:
-        trio.run(_main, args)
+        trio.run(main, args)
     except fscache.FscacheError as exc:
         emit("error", message=f"{type(exc).__name__}: {exc}")
         return 1

@@ -92,11 +92,8 @@ def etcd_server(workdir: str) -> Iterator[ServerProcess]:
     )
     server = ServerProcess("etcd", popen, client)  # type: ignore[arg-type]
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not _etcd_healthy(client):
-            if popen.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("etcd did not start")
-            time.sleep(0.05)
+        if not procs.wait_ready(popen, lambda: _etcd_healthy(client), START_TIMEOUT):
+            raise RuntimeError("etcd did not start")
         yield server
     finally:
         server.stop()

@@ -83,6 +83,18 @@ async def acquire_and_renew(holder: Reader) -> dict[str, Any]:
     return dict(granted)
 
 
+async def kill_the_holder(a: Reader, b: Reader) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``a`` takes the lock and renews it, ``b`` asks for it, ``a`` is killed with
+    SIGKILL; the events of ``a``'s grant and of ``b``'s."""
+    granted = await acquire_and_renew(a)
+    b.command("acquire")
+    await b.take("acquire")
+    a.killed_at = time.monotonic()
+    a.proc.send_signal(signal.SIGKILL)
+    won = await b.take("acquired", timeout=TTL + SKEW + GENEROUS)
+    return granted, dict(won)
+
+
 def believed_until(holder: Reader, granted: dict[str, Any]) -> float:
     """The last ``valid_until`` the holder reported (its inbox keeps every renewal)."""
     renewals = [e["valid_until"] for e in holder.inbox if e["event"] == "renewed"]
@@ -93,12 +105,7 @@ async def test_a_killed_holders_lock_passes_on_no_sooner_than_last_renewal_plus_
     server: ServerProcess, tmp_path: Path
 ) -> None:
     async with holders(server.port, 2, tmp_path) as (a, b):
-        granted = await acquire_and_renew(a)
-        b.command("acquire")
-        await b.take("acquire")
-        a.killed_at = time.monotonic()
-        a.proc.send_signal(signal.SIGKILL)
-        won = await b.take("acquired", timeout=TTL + SKEW + GENEROUS)
+        granted, won = await kill_the_holder(a, b)
 
     # valid_until = t_send + ttl - skew; the server holds the lock until t_recv + ttl + skew
     server_end = believed_until(a, granted) + 2 * SKEW
@@ -118,12 +125,7 @@ async def test_a_waiter_granted_after_a_long_wait_may_trust_its_lock(
     server: ServerProcess, tmp_path: Path
 ) -> None:
     async with holders(server.port, 2, tmp_path) as (a, b):
-        await acquire_and_renew(a)
-        b.command("acquire")
-        await b.take("acquire")
-        a.killed_at = time.monotonic()
-        a.proc.send_signal(signal.SIGKILL)
-        won = await b.take("acquired", timeout=TTL + SKEW + GENEROUS)
+        _, won = await kill_the_holder(a, b)
         await trio.sleep(TTL / 2)
     assert won["valid_until"] > won["t"]
     assert not [e for e in b.inbox if e["event"] == "lost"]
