@@ -15,17 +15,18 @@ import queue
 import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from functools import partial
 from typing import IO, Any, TypeVar
 
 import trio
 
 from fscache.cache import DEFAULT_MAX_BYTES, DirEntry
-from fscache.client.client import Client, Source, StatResult, open_client, parse_address
+from fscache.client.client import Client, Fence, Source, StatResult, open_client, parse_address
+from fscache.client.locks import Lock
 from fscache.errors import FscacheError
 from fscache.paths import normalize
-from fscache.settings import DEFAULT_ADDRESS
+from fscache.settings import DEFAULT_ADDRESS, DEFAULT_LOCK_TTL
 
 T = TypeVar("T")
 
@@ -118,31 +119,81 @@ class BlockingClient:
         *,
         if_version: int | None = None,
         offset: int | None = None,
+        fence: Fence = None,
     ) -> int:
         """:meth:`Client.write`: bytes or a binary file; in place with ``offset``."""
         return self._run(
-            lambda: self._client.write(path, data, if_version=if_version, offset=offset)
+            lambda: self._client.write(
+                path, data, if_version=if_version, offset=offset, fence=fence
+            )
         )
 
-    def truncate(self, path: str, size: int, *, if_version: int | None = None) -> int:
+    def truncate(
+        self, path: str, size: int, *, if_version: int | None = None, fence: Fence = None
+    ) -> int:
         """:meth:`Client.truncate`."""
-        return self._run(lambda: self._client.truncate(path, size, if_version=if_version))
+        return self._run(
+            lambda: self._client.truncate(path, size, if_version=if_version, fence=fence)
+        )
 
-    def delete(self, path: str, *, if_version: int | None = None) -> None:
+    def delete(self, path: str, *, if_version: int | None = None, fence: Fence = None) -> None:
         """:meth:`Client.delete`."""
-        self._run(lambda: self._client.delete(path, if_version=if_version))
+        self._run(lambda: self._client.delete(path, if_version=if_version, fence=fence))
 
-    def rename(self, src: str, dst: str) -> int:
+    def rename(self, src: str, dst: str, *, fence: Fence = None) -> int:
         """:meth:`Client.rename`."""
-        return self._run(self._client.rename, src, dst)
+        return self._run(lambda: self._client.rename(src, dst, fence=fence))
 
-    def mkdir(self, path: str) -> None:
+    def mkdir(self, path: str, *, fence: Fence = None) -> None:
         """:meth:`Client.mkdir`."""
-        self._run(self._client.mkdir, path)
+        self._run(lambda: self._client.mkdir(path, fence=fence))
 
-    def rmdir(self, path: str) -> None:
+    def rmdir(self, path: str, *, fence: Fence = None) -> None:
         """:meth:`Client.rmdir`."""
-        self._run(self._client.rmdir, path)
+        self._run(lambda: self._client.rmdir(path, fence=fence))
+
+    # ------------------------------------------------------------ locks
+    def acquire(
+        self,
+        name: str,
+        ttl: float = DEFAULT_LOCK_TTL,
+        *,
+        timeout: float | None = None,
+        identity: str | None = None,
+    ) -> Lock:
+        """:meth:`Client.acquire`; renewed on the loop thread until :meth:`release`."""
+        return self._run(
+            lambda: self._client.acquire(name, ttl, timeout=timeout, identity=identity)
+        )
+
+    def release(self, lock: Lock) -> None:
+        """Give ``lock`` back."""
+        self._run(lock.release)
+
+    @contextlib.contextmanager
+    def lock(
+        self,
+        name: str,
+        ttl: float = DEFAULT_LOCK_TTL,
+        *,
+        timeout: float | None = None,
+        identity: str | None = None,
+    ) -> Iterator[Lock]:
+        """``with c.lock(name, ttl) as lock``: held for the body, released after. A
+        thread cannot be cancelled, so a body that outlives the lock is not stopped:
+        it should check ``lock.held`` and fence its writes (``fence=lock``); the
+        ``with`` raises :class:`~fscache.errors.LockLost` after a body during which it
+        was lost."""
+        held = self.acquire(name, ttl, timeout=timeout, identity=identity)
+        try:
+            yield held
+        finally:
+            self.release(held)
+        held.raise_if_lost()
+
+    def leader(self, name: str) -> str | None:
+        """:meth:`Client.leader`."""
+        return self._run(self._client.leader, name)
 
     def stat(self, path: str) -> StatResult:
         """:meth:`Client.stat`."""

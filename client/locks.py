@@ -100,6 +100,11 @@ class Lock:
             link = await client._current_link()
             await client._call(link, lambda i: p.Release(id=i, name=self.name, token=self.token))
 
+    def raise_if_lost(self) -> None:
+        """Raise :class:`LockLost` if the lock was lost while it was held."""
+        if self.lost.is_set():
+            raise LockLost(f"lock {self.name!r} (token {self.token}) was lost while it was held")
+
     def _lose(self) -> None:
         if not self.lost.is_set():
             self.lost.set()
@@ -120,7 +125,8 @@ class Lock:
 
     async def _renew_once(self, client: Client) -> bool:
         """Sleep until the next renewal is due, then renew, trying again while the
-        connection is down. False if the server refused it: the lock is gone."""
+        connection is down. False if the server refused it (or the client is
+        closing): the lock is gone."""
         await trio.sleep_until(self._at(self.valid_until - self.ttl + self.ttl / 3))
         while True:
             try:
@@ -128,11 +134,11 @@ class Lock:
                 request = await client._call_request(
                     link, lambda i: p.Renew(id=i, name=self.name, token=self.token)
                 )
-            except LockLost:
-                return False
             except Unavailable:
                 await trio.sleep(RENEW_RETRY)
                 continue
+            except FscacheError:  # refused (LockLost), or the client is closing
+                return False
             reply = request.reply
             assert isinstance(reply, p.LockGranted)
             self.valid_until = max(self.valid_until, request.sent_at + reply.ttl - _skew(client))
@@ -219,8 +225,7 @@ async def lock(
         held._body = None
         with trio.CancelScope(shield=True):
             await held.release()
-    if held.lost.is_set():
-        raise LockLost(f"lock {name!r} (token {held.token}) was lost while it was held")
+    held.raise_if_lost()
 
 
 async def leader(client: Client, name: str) -> str | None:

@@ -244,11 +244,15 @@ class LockTable:
         state = self._names.get(name)
         if state is None:
             state = self._names[name] = _Name()
+        effects: list[Effect] = []
+        if state.holder is not None and now >= state.free_at:  # expired, not yet ticked
+            self.locks_expired += 1
+            effects += self._free(name, state, now)
         if not wait and (state.queue or not self._is_free(state, now)):
-            return [Busy(op, name, state.holder.token if state.holder else 0)]
+            return [*effects, Busy(op, name, state.holder.token if state.holder else 0)]
         state.queue.append(_Waiter(op, session, ttl, identity))
         self._busy.add(name)
-        return self._advance(name, state, now)
+        return effects + self._advance(name, state, now)
 
     def renew(self, session: HolderId, name: str, token: int, now: float) -> float | None:
         """The holder's renewal: the ttl it runs for from ``now``, or None if the lock

@@ -11,7 +11,10 @@ and asserts outcomes and order only.
 from __future__ import annotations
 
 import math
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 import trio
@@ -19,9 +22,10 @@ import trio.testing
 
 import fscache
 from fscache import protocol as p
+from fscache.cli import parse_serving_line
 from fscache.server.service import FileService, ServerSettings, serve
 
-from .harness import Cluster, run_inline
+from .harness import Cluster
 
 SKEW = 0.1
 TTL = 3.0
@@ -240,10 +244,96 @@ async def test_a_fenced_write_queued_before_the_hand_over_is_refused_when_applie
         assert await b.read("out.txt") == b"one"
 
 
-# ---------------------------------------------------------------- restart
-async def test_tokens_survive_a_restart_and_a_held_lock_is_held_back(
+# ---------------------------------------------------------------- connections
+async def test_renewal_carries_on_through_a_reconnect(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("a") as a, a.lock("l", ttl=TTL) as lock:
+        await trio.sleep(1.0)
+        await cluster.cut("a")  # the session resumes on the new connection
+        await trio.sleep(5 * TTL)
+        assert lock.held and a.stats["reconnects"] == 1
+        assert await a.leader("l") == "a"
+
+
+async def test_a_waiter_cut_off_loses_its_place_and_the_next_is_granted(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("a") as a, cluster.client("b") as b, cluster.client("c") as c:
+        first = await a.acquire("l", TTL)
+        outcomes: list[object] = []
+
+        async def wait(client: fscache.Client, name: str) -> None:
+            try:
+                lock = await client.acquire("l", TTL)
+            except fscache.Unavailable:
+                outcomes.append((name, "unavailable"))
+            else:
+                outcomes.append((name, lock.token))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait, b, "b")
+            await trio.sleep(0.5)
+            nursery.start_soon(wait, c, "c")
+            await trio.sleep(0.5)
+            await cluster.cut("b")
+            await trio.sleep(0.5)
+            await first.release()
+        assert outcomes == [("b", "unavailable"), ("c", 2)]
+        assert await a.leader("l") == "c"
+
+
+async def test_a_renewal_refused_after_a_server_restart_loses_the_lock_at_once(
     nursery: trio.Nursery, root: pathlib.Path, autojump_clock: trio.testing.MockClock
 ) -> None:
+    cluster = Cluster(nursery, root, skew=SKEW)
+    await cluster.start()
+    async with cluster.client("a") as a:
+        with pytest.raises(fscache.LockLost):
+            async with a.lock("l", ttl=TTL) as lock:
+                await cluster.start()  # a new incarnation; its session is unknown there
+                await cluster.cut("a")
+                await trio.sleep_forever()
+        assert trio.current_time() == at(TTL / 3 - SKEW)  # the first renewal, refused
+        assert lock.lost.is_set() and lock.valid_until == at(TTL - SKEW)
+
+
+async def test_watch_leader_after_a_reconnect_reports_who_leads_now(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    seen: list[str | None] = []
+    async with cluster.client("w") as w, cluster.client("a") as a:
+        watch = w.watch_leader("l")
+        seen.append(await watch.__anext__())
+        cluster.refuse = True
+        await cluster.cut("w")
+        lock = await a.acquire("l", TTL, identity="leader-1")
+        cluster.refuse = False
+        seen.append(await watch.__anext__())
+        await lock.release()
+        seen.append(await watch.__anext__())
+        assert seen == [None, "leader-1", None]
+        assert w.stats["reconnects"] == 1
+
+
+async def test_server_stats_count_locks(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("a") as a:
+        lock = await a.acquire("l", TTL)
+        stats = await a.server_stats()
+        assert (stats["locks_held"], stats["locks_granted"]) == (1, 1)
+        await lock.release()
+        assert (await a.server_stats())["locks_held"] == 0
+
+
+# ---------------------------------------------------------------- restart
+async def test_tokens_survive_a_restart_and_a_maybe_held_lock_is_held_back(
+    nursery: trio.Nursery, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The holder of ``held`` is cut off with no goodbye as the server restarts: the
+    new incarnation grants ``held`` only at ``start + ttl + skew``, a released name
+    at once, each with the next token."""
     first = Cluster(nursery, root, skew=SKEW)
     await first.start()
     async with first.client("a") as a:
@@ -251,26 +341,19 @@ async def test_tokens_survive_a_restart_and_a_held_lock_is_held_back(
         freed = await a.acquire("freed", TTL)
         await freed.release()
         assert (lock.token, freed.token) == (1, 1)
-    # a's goodbye released "held" too: start again from a record that says held
-    service_of(first).store.save_state(
-        "locks.json",
-        b'[{"name": "held", "token": 1, "ttl": 5.0, "held": true},'
-        b' {"name": "freed", "token": 1, "ttl": 3.0, "held": false}]',
-    )
-    service_of(first).store.close()
-    await trio.sleep(1.0)
-    restarted = FileService(
-        ServerSettings(root=str(root), port=0, skew=SKEW), blocking_io=run_inline
-    )
-    started = trio.current_time()
-    second = Cluster(nursery, root, skew=SKEW)
-    second.service = restarted
-    await nursery.start(restarted.run_engine)
-    async with second.client("b") as b:
-        freed = await b.acquire("freed", TTL)
-        assert freed.token == 2 and trio.current_time() == at(started)
-        lock = await b.acquire("held", TTL)
-        assert lock.token == 2 and trio.current_time() == at(started + 5.0 + SKEW)
+        first.refuse = True
+        await first.cut("a")  # a comes back to no one: the old server is gone
+
+        await trio.sleep(1.0)
+        second = Cluster(nursery, root, skew=SKEW)
+        await second.start()
+        started = trio.current_time()
+        async with second.client("b") as b:
+            again = await b.acquire("freed", TTL)
+            assert again.token == 2 and trio.current_time() == at(started)
+            taken = await b.acquire("held", TTL)
+            assert taken.token == 2 and trio.current_time() == at(started + 5.0 + SKEW)
+            assert lock.lost.is_set()  # a gave up at 5.0 - SKEW, before b was granted
 
 
 # ---------------------------------------------------------------- real TCP
@@ -298,3 +381,36 @@ async def test_locks_over_real_tcp(nursery: trio.Nursery, root: pathlib.Path) ->
         assert order == ["a 1", "b 2"]
         with pytest.raises(fscache.Conflict):
             await a.write("out.txt", b"late", fence=lock)
+
+
+def test_the_blocking_client_locks_against_a_server_process(root: pathlib.Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        address = parse_serving_line(proc.stdout.readline())
+        assert address is not None
+        where = f"{address[0]}:{address[1]}"
+        with (
+            fscache.connect(where, client_id="a") as a,
+            fscache.connect(where, client_id="b") as b,
+        ):
+            with a.lock("jobs/leader", 2.0, identity="w1") as lock:
+                assert lock.held and lock.token == 1
+                assert b.leader("jobs/leader") == "w1"
+                with pytest.raises(fscache.LockTimeout):
+                    b.acquire("jobs/leader", 2.0, timeout=0)
+                a.write("out.txt", b"a", fence=lock)
+            later = b.acquire("jobs/leader", 2.0, timeout=0)
+            assert later.token == 2 and a.leader("jobs/leader") == "b"
+            with pytest.raises(fscache.Conflict, match="newest token"):
+                a.write("out.txt", b"late", fence=lock)
+            b.release(later)
+            assert b.leader("jobs/leader") is None and b.read("out.txt") == b"a"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        proc.stdout.close()

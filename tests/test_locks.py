@@ -1,0 +1,226 @@
+"""The lock rules of :mod:`fscache.locks`, one test or more per rule.
+
+Test rules: the lock table is driven by hand with an explicit ``now``; no event loop,
+no clock. Every test asserts the exact effect list and the exact instants. Unless a
+test says otherwise the ttl is 5 s and the skew 0.1 s.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fscache.errors import Conflict
+from fscache.leases import HolderId, OpId
+from fscache.locks import (
+    Busy,
+    Changed,
+    Dropped,
+    Granted,
+    Holder,
+    LockTable,
+    Persist,
+    Record,
+)
+from fscache.settings import MAX_LOCK_TTL, BadSetting
+
+TTL = 5.0
+SKEW = 0.1
+A, B, C = HolderId("a"), HolderId("b"), HolderId("c")
+
+
+def just_before(t: float) -> float:
+    return math.nextafter(t, -math.inf)
+
+
+def granted(op: int, session: HolderId, token: int, name: str = "l", ttl: float = TTL) -> list:
+    """The effects of a grant: the record first, then the answer, then the notice."""
+    return [
+        Persist(name),
+        Granted(OpId(op), session, name, token, ttl),
+        Changed(name, token, str(session)),
+    ]
+
+
+def freed(token: int, name: str = "l") -> list:
+    return [Changed(name, token, None), Persist(name)]
+
+
+def table(**kwargs: object) -> LockTable:
+    return LockTable(skew=SKEW, **kwargs)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- grant and queue
+def test_a_free_name_is_granted_at_once_with_token_one() -> None:
+    locks = table()
+    assert locks.acquire(OpId(1), A, "l", TTL, "a", now=2.0) == granted(1, A, 1)
+    assert locks.holder("l", 2.0) == Holder(A, "a", 1)
+    assert locks.next_deadline() == 2.0 + TTL + SKEW
+    assert locks.records() == [Record("l", 1, TTL, held=True)]
+
+
+def test_acquires_of_a_held_name_queue_in_arrival_order() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
+    assert locks.acquire(OpId(2), B, "l", TTL, "b", now=1.0) == []
+    assert locks.acquire(OpId(3), C, "l", TTL, "c", now=2.0) == []
+    assert locks.release(A, "l", 1, now=3.0) == freed(1) + granted(2, B, 2)
+    assert locks.release(B, "l", 2, now=4.0) == freed(2) + granted(3, C, 3)
+
+
+def test_a_try_of_a_held_name_is_busy_and_does_not_queue() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
+    assert locks.acquire(OpId(2), B, "l", TTL, "b", now=1.0, wait=False) == [Busy(OpId(2), "l", 1)]
+    assert locks.release(A, "l", 1, now=2.0) == freed(1)
+
+
+def test_names_are_independent() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "x", TTL, "a", now=0.0)
+    assert locks.acquire(OpId(2), B, "y", TTL, "b", now=0.0) == granted(2, B, 1, name="y")
+
+
+# ---------------------------------------------------------------- expiry and renewal
+def test_an_unrenewed_lock_is_granted_on_at_expiry_plus_skew_not_before() -> None:
+    """The holder stops trusting at t_send + ttl - skew (before 1.0 + TTL - SKEW); the
+    next grant is at t_receive + ttl + skew: 2 * skew later at least."""
+    locks = table()
+    locks.acquire(OpId(1), A, "l", TTL, "a", now=1.0)
+    locks.acquire(OpId(2), B, "l", TTL, "b", now=2.0)
+    assert locks.next_deadline() == 1.0 + TTL + SKEW
+    assert locks.tick(just_before(1.0 + TTL + SKEW)) == []
+    assert locks.holder("l", just_before(1.0 + TTL + SKEW)) == Holder(A, "a", 1)
+    assert locks.tick(1.0 + TTL + SKEW) == freed(1) + granted(2, B, 2)
+    assert locks.locks_expired == 1
+    holder_stops_trusting = 1.0 + TTL - SKEW  # at the latest: it sent before 1.0
+    assert (1.0 + TTL + SKEW) - holder_stops_trusting == pytest.approx(2 * SKEW)
+
+
+def test_an_acquire_after_expiry_but_before_the_tick_is_granted() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
+    assert locks.acquire(OpId(2), B, "l", TTL, "b", now=TTL + SKEW) == freed(1) + granted(2, B, 2)
+    assert locks.locks_expired == 1
+
+
+def test_renewal_moves_the_expiry_to_now_plus_ttl() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
+    locks.acquire(OpId(2), B, "l", TTL, "b", now=0.5)
+    assert locks.renew(A, "l", 1, now=4.0) == TTL
+    assert locks.next_deadline() == 4.0 + TTL + SKEW
+    assert locks.tick(just_before(4.0 + TTL + SKEW)) == []
+    assert locks.tick(4.0 + TTL + SKEW) == freed(1) + granted(2, B, 2)
+
+
+def test_a_renewal_is_refused_for_another_session_an_old_token_or_a_dead_lock() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
+    assert locks.renew(B, "l", 1, now=1.0) is None
+    assert locks.renew(A, "l", 2, now=1.0) is None
+    assert locks.renew(A, "other", 1, now=1.0) is None
+    assert locks.renew(A, "l", 1, now=just_before(TTL + SKEW)) == TTL  # still ours
+    assert locks.renew(A, "l", 1, now=2 * TTL + 2 * SKEW) is None  # past expiry + skew
+
+
+# ---------------------------------------------------------------- release
+def test_a_release_with_an_old_token_or_by_another_changes_nothing() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
+    assert locks.release(B, "l", 1, now=1.0) == []
+    assert locks.release(A, "l", 7, now=1.0) == []
+    assert locks.holder("l", 1.0) == Holder(A, "a", 1)
+
+
+def test_a_cancelled_acquire_leaves_the_queue() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
+    locks.acquire(OpId(2), B, "l", TTL, "b", now=0.0)
+    assert locks.cancel(B, "l") == [Dropped(OpId(2))]
+    assert locks.release(A, "l", 1, now=1.0) == freed(1)
+
+
+# ---------------------------------------------------------------- sessions
+def test_a_goodbye_releases_the_sessions_locks_and_drops_its_acquires() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "x", TTL, "a", now=0.0)
+    locks.acquire(OpId(2), B, "x", TTL, "b", now=0.0)
+    locks.acquire(OpId(3), B, "y", TTL, "b", now=0.0)
+    locks.acquire(OpId(4), A, "y", TTL, "a", now=0.0)
+    effects = locks.session_ended(A, now=1.0)
+    assert effects == [Dropped(OpId(4)), *freed(1, "x"), *granted(2, B, 2, "x")]
+
+
+def test_a_lost_connection_keeps_the_locks_and_drops_the_queued_acquires() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
+    locks.acquire(OpId(2), B, "l", TTL, "b", now=0.0)
+    locks.acquire(OpId(3), C, "l", TTL, "c", now=0.0)
+    assert locks.disconnected(A) == []
+    assert locks.disconnected(B) == [Dropped(OpId(2))]
+    assert locks.renew(A, "l", 1, now=1.0) == TTL  # resumed, renewed
+    assert locks.tick(1.0 + TTL + SKEW) == freed(1) + granted(3, C, 2)
+
+
+# ---------------------------------------------------------------- fencing
+def test_only_the_newest_token_passes_the_fence() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
+    locks.check_fence("l", 1)
+    locks.release(A, "l", 1, now=1.0)
+    locks.check_fence("l", 1)  # released, and no newer token: its holder's last word stands
+    locks.acquire(OpId(2), B, "l", TTL, "b", now=2.0)
+    with pytest.raises(Conflict, match=r"token 1, but the newest token of 'l' is 2"):
+        locks.check_fence("l", 1)
+    with pytest.raises(Conflict):
+        locks.check_fence("l", 3)
+    with pytest.raises(Conflict, match="newest token of 'never' is 0"):
+        locks.check_fence("never", 1)
+
+
+# ---------------------------------------------------------------- restart
+def test_a_restarted_table_holds_a_maybe_held_name_back_for_its_ttl_plus_skew() -> None:
+    records = [Record("held", 4, 7.0, held=True), Record("free", 9, TTL, held=False)]
+    locks = table(records=records, now=100.0)
+    assert locks.next_deadline() == 100.0 + 7.0 + SKEW
+    got = locks.acquire(OpId(1), A, "free", 10.0, "a", now=100.0)
+    assert got == granted(1, A, 10, "free", ttl=10.0)
+    assert locks.acquire(OpId(2), B, "held", TTL, "b", now=100.0, wait=False) == [
+        Busy(OpId(2), "held", 0)
+    ]
+    assert locks.acquire(OpId(3), B, "held", TTL, "b", now=100.0) == []
+    assert locks.holder("held", 100.0) is None
+    assert locks.tick(just_before(107.1)) == []
+    assert locks.tick(100.0 + 7.0 + SKEW) == granted(3, B, 5, "held")
+
+
+def test_a_hold_that_ends_with_no_one_waiting_leaves_the_name_free() -> None:
+    locks = table(records=[Record("l", 2, TTL, held=True)], now=0.0)
+    assert locks.tick(TTL + SKEW) == []
+    assert locks.next_deadline() is None
+    assert locks.acquire(OpId(1), A, "l", TTL, "a", now=TTL + SKEW) == granted(1, A, 3)
+
+
+def test_records_say_held_until_released_or_expired() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
+    assert locks.records() == [Record("l", 1, TTL, held=True)]
+    locks.tick(TTL + SKEW)
+    assert locks.records() == [Record("l", 1, TTL, held=False)]
+
+
+# ---------------------------------------------------------------- ttl bounds
+@pytest.mark.parametrize("ttl", [0.0, 2 * SKEW, MAX_LOCK_TTL + 1, math.inf, math.nan, -1.0, True])
+def test_a_ttl_out_of_bounds_is_refused(ttl: float) -> None:
+    with pytest.raises(BadSetting, match="ttl"):
+        table().acquire(OpId(1), A, "l", ttl, "a", now=0.0)
+
+
+def test_the_ttl_bounds_are_inclusive_at_the_maximum_only() -> None:
+    locks = table()
+    assert locks.acquire(OpId(1), A, "x", MAX_LOCK_TTL, "a", now=0.0)[1] == Granted(
+        OpId(1), A, "x", 1, MAX_LOCK_TTL
+    )
+    assert locks.acquire(OpId(2), A, "y", math.nextafter(2 * SKEW, 1), "a", now=0.0) != []
