@@ -21,9 +21,8 @@ every process fit on one timeline):
 
 Without ``--run`` it takes one command a line on stdin: ``acquire``, ``write``
 (fenced with the lock), ``write-token`` (fenced with the pair ``(name, token)``),
-``release``, ``quit``. With ``--run``
-it loops for that many seconds by itself: acquire, hold for a random time
-writing every 20 ms, release, rest a random time.
+``release``, ``quit``. With ``--run`` it loops for that many seconds by itself:
+acquire, hold for a random time writing every 20 ms, release, rest a random time.
 """
 
 from __future__ import annotations
