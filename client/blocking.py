@@ -22,7 +22,7 @@ from typing import IO, Any, TypeVar
 import trio
 
 from fscache.cache import DEFAULT_MAX_BYTES, DirEntry
-from fscache.client.client import Client, Fence, Source, StatResult, open_client, parse_address
+from fscache.client.client import Client, Fencing, Source, StatResult, open_client, parse_address
 from fscache.client.locks import Lock
 from fscache.errors import FscacheError
 from fscache.paths import normalize
@@ -119,7 +119,7 @@ class BlockingClient:
         *,
         if_version: int | None = None,
         offset: int | None = None,
-        fence: Fence = None,
+        fence: Fencing = None,
     ) -> int:
         """:meth:`Client.write`: bytes or a binary file; in place with ``offset``."""
         return self._run(
@@ -129,26 +129,26 @@ class BlockingClient:
         )
 
     def truncate(
-        self, path: str, size: int, *, if_version: int | None = None, fence: Fence = None
+        self, path: str, size: int, *, if_version: int | None = None, fence: Fencing = None
     ) -> int:
         """:meth:`Client.truncate`."""
         return self._run(
             lambda: self._client.truncate(path, size, if_version=if_version, fence=fence)
         )
 
-    def delete(self, path: str, *, if_version: int | None = None, fence: Fence = None) -> None:
+    def delete(self, path: str, *, if_version: int | None = None, fence: Fencing = None) -> None:
         """:meth:`Client.delete`."""
         self._run(lambda: self._client.delete(path, if_version=if_version, fence=fence))
 
-    def rename(self, src: str, dst: str, *, fence: Fence = None) -> int:
+    def rename(self, src: str, dst: str, *, fence: Fencing = None) -> int:
         """:meth:`Client.rename`."""
         return self._run(lambda: self._client.rename(src, dst, fence=fence))
 
-    def mkdir(self, path: str, *, fence: Fence = None) -> None:
+    def mkdir(self, path: str, *, fence: Fencing = None) -> None:
         """:meth:`Client.mkdir`."""
         self._run(lambda: self._client.mkdir(path, fence=fence))
 
-    def rmdir(self, path: str, *, fence: Fence = None) -> None:
+    def rmdir(self, path: str, *, fence: Fencing = None) -> None:
         """:meth:`Client.rmdir`."""
         self._run(lambda: self._client.rmdir(path, fence=fence))
 

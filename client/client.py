@@ -99,7 +99,7 @@ IN_FLIGHT = 4  # chunk reads or upload parts a transfer keeps in flight (memory:
 READ_ATTEMPTS = 8  # a big file read whole that changes this often between chunks: give up
 
 Source = IO[bytes] | bytes | bytearray | memoryview
-Fence = locks.Lock | tuple[str, int] | None  # a fenced change: the lock, or (name, token)
+Fencing = locks.Lock | p.Fence | None  # what fence= takes: a lock, or (name, token)
 
 
 class _Changed(Exception):
@@ -319,7 +319,7 @@ class Client:
         *,
         if_version: int | None = None,
         offset: int | None = None,
-        fence: Fence = None,
+        fence: Fencing = None,
     ) -> int:
         """Write ``data`` (bytes, or a binary file object read chunk by chunk) to
         ``path`` durably; returns the new version. Waits until every other cache
@@ -417,9 +417,13 @@ class Client:
         while (part := await next_part()) or first:
             first = False
             write = partial(
-                p.WriteRange, path=path, offset=offset, data=part, if_version=if_version,
+                p.WriteRange,
+                path=path,
+                offset=offset,
+                data=part,
+                if_version=if_version,
                 fence=fence,
-            )  # fmt: skip
+            )
             reply = await self._change(link, _with_parent(path), write, path)
             assert isinstance(reply, p.Written)
             version = reply.version
@@ -430,7 +434,7 @@ class Client:
         return version
 
     async def truncate(
-        self, path: str, size: int, *, if_version: int | None = None, fence: Fence = None
+        self, path: str, size: int, *, if_version: int | None = None, fence: Fencing = None
     ) -> int:
         """Cut or extend ``path`` to ``size`` bytes; returns the new version."""
         path = normalize(path)
@@ -445,7 +449,7 @@ class Client:
         assert isinstance(reply, p.Written)
         return reply.version
 
-    async def rename(self, src: str, dst: str, *, fence: Fence = None) -> int:
+    async def rename(self, src: str, dst: str, *, fence: Fencing = None) -> int:
         """Move ``src`` to ``dst`` atomically (POSIX ``rename``: an existing file at
         ``dst`` is replaced); returns the version now at ``dst``. Every other client's
         copies of either name (and of anything below a renamed directory) are gone
@@ -460,7 +464,7 @@ class Client:
         assert isinstance(reply, p.Written)
         return reply.version
 
-    async def mkdir(self, path: str, *, fence: Fence = None) -> None:
+    async def mkdir(self, path: str, *, fence: Fencing = None) -> None:
         """Make directory ``path`` (:class:`Exists` if the name is taken,
         :class:`NotFound` if its parent is missing)."""
         path = normalize(path)
@@ -468,7 +472,7 @@ class Client:
         link = await self._current_link()
         await self._change(link, keys, partial(p.MkDir, path=path, fence=locks.fence_of(fence)))
 
-    async def rmdir(self, path: str, *, fence: Fence = None) -> None:
+    async def rmdir(self, path: str, *, fence: Fencing = None) -> None:
         """Remove the empty directory ``path`` (:class:`NotEmpty`, :class:`NotADirectory`)."""
         path = normalize(path)
         keys = (dir_key(path), dir_key(parent(path)))
@@ -520,7 +524,7 @@ class Client:
             after = reply.names[-1]
 
     async def delete(
-        self, path: str, *, if_version: int | None = None, fence: Fence = None
+        self, path: str, *, if_version: int | None = None, fence: Fencing = None
     ) -> None:
         path = normalize(path)
         self._counters.deletes += 1

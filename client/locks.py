@@ -237,7 +237,7 @@ async def leader(client: Client, name: str) -> str | None:
     return reply.identity
 
 
-def fence_of(fence: Lock | tuple[str, int] | None) -> p.Fence | None:
+def fence_of(fence: Lock | p.Fence | None) -> p.Fence | None:
     """What a change's ``fence=`` argument names on the wire."""
     if fence is None:
         return None

@@ -45,7 +45,7 @@ Lock names follow the path rules but are a namespace of their own: a lock named
 * Sessions. A session ended with a goodbye releases its locks and drops its
   queued acquires. A session whose connection is lost without one keeps its locks
   until they expire (it may resume and renew them); its queued acquires are
-  dropped, since their answer has no connection to go to (:class:`Dropped`).
+  dropped (:class:`Dropped`), since their answer has no connection to go to.
 * Watchers. Every grant, release and expiry is announced with :class:`Changed`
   (who holds the name now, None while nobody does).
 """
@@ -126,9 +126,11 @@ class Busy:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Dropped:
-    """Queued acquire ``op`` will not be answered: its session has gone or gave it up."""
+    """Queued acquire ``op`` of ``name`` is given up: its connection has gone, or its
+    session stopped waiting."""
 
     op: OpId
+    name: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -280,7 +282,7 @@ class LockTable:
         state = self._names.get(name)
         if state is None:
             return []
-        effects = self._drop_waiters(state, session)
+        effects = self._drop_waiters(name, state, session)
         self._settle(name, state)
         return effects
 
@@ -297,7 +299,7 @@ class LockTable:
         effects: list[Effect] = []
         for name in list(self._busy):
             state = self._names[name]
-            effects += self._drop_waiters(state, session)
+            effects += self._drop_waiters(name, state, session)
             self._settle(name, state)
         return effects
 
@@ -354,8 +356,8 @@ class LockTable:
             self._busy.discard(name)
 
     @staticmethod
-    def _drop_waiters(state: _Name, session: HolderId) -> list[Effect]:
+    def _drop_waiters(name: str, state: _Name, session: HolderId) -> list[Effect]:
         dropped = [w for w in state.queue if w.session == session]
         for waiter in dropped:
             state.queue.remove(waiter)
-        return [Dropped(w.op) for w in dropped]
+        return [Dropped(w.op, name) for w in dropped]

@@ -490,7 +490,8 @@ class Renew(Message):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Release(Message):
     """Release lock ``name`` held with ``token``; token 0: stop waiting for it (an
-    acquire that timed out). Answered with Done."""
+    acquire that timed out; that acquire is answered ``lock_timeout``). Answered with
+    Done."""
 
     TYPE: ClassVar[str] = "release"
     id: int

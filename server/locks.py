@@ -11,7 +11,9 @@ records dirty, and each :class:`~fscache.locks.Granted` after it waits in
 in the store's private state directory, by the store's durable write: temp file,
 fsync, rename) in a worker thread. Writes are one at a time and each writes the
 table as it is when it starts, so the newest token of every grant it releases is
-on disk, and a later write never loses an earlier token. A timer task sleeps until
+on disk, and a later write never loses an earlier token. If the write fails, the
+grants waiting on it are answered with the error; the table counts those locks
+held until they expire, which costs others only a wait. A timer task sleeps until
 :meth:`LockTable.next_deadline` and ticks the table.
 
 Watchers are connections: a :class:`~fscache.protocol.LockWatch` subscribes the
@@ -110,13 +112,18 @@ class LockService:
         self._timer_wake.set()
         now = trio.current_time()
         if isinstance(message, p.Acquire):
+            name = normalize(message.name)
             self._next_op += 1
             op = OpId(self._next_op)
             self._waiting[op] = (connection, message.id)
-            name = normalize(message.name)
-            effects = self.table.acquire(
-                op, connection.holder, name, message.ttl, message.identity, now, wait=message.wait
-            )
+            try:
+                effects = self.table.acquire(
+                    op, connection.holder, name, message.ttl, message.identity, now,
+                    wait=message.wait,
+                )  # fmt: skip
+            except FscacheError:  # a ttl out of bounds: answered with the error
+                del self._waiting[op]
+                raise
             self._execute(effects)
         elif isinstance(message, p.Renew):
             ttl = self.table.renew(connection.holder, normalize(message.name), message.token, now)
@@ -144,6 +151,10 @@ class LockService:
             connection.send(p.LockState(id=message.id, token=token, identity=identity))
         else:
             raise ProtocolError(f"{message.TYPE} is not a lock request")
+
+    def waiting(self) -> int:
+        """Acquires not answered yet: queued, or granted and waiting for the disk."""
+        return len(self._waiting) + len(self._unsent)
 
     def check_fence(self, fence: p.Fence | None) -> None:
         """Raise :class:`~fscache.errors.Conflict` if ``fence`` names a token that is
@@ -183,8 +194,10 @@ class LockService:
                 connection, request_id = self._waiting.pop(effect.op)
                 error = LockTimeout(f"lock {effect.name!r} is held")
                 connection.send(p.Error(id=request_id, code=error.code, message=str(error)))
-            elif isinstance(effect, Dropped):
-                self._waiting.pop(effect.op, None)
+            elif isinstance(effect, Dropped):  # answered, if its connection is still open
+                connection, request_id = self._waiting.pop(effect.op)
+                error = LockTimeout(f"lock {effect.name!r}: the acquire was given up")
+                connection.send(p.Error(id=request_id, code=error.code, message=str(error)))
             elif isinstance(effect, Changed):
                 notice = p.LockChanged(effect.name, effect.token, effect.identity)
                 for watcher in self._watchers.get(effect.name, ()):

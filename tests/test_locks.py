@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 
+import cbor2
 import pytest
 
-from fscache.errors import Conflict
+from fscache import protocol as p
+from fscache.errors import Conflict, ProtocolError
 from fscache.leases import HolderId, OpId
 from fscache.locks import (
     Busy,
@@ -138,7 +140,7 @@ def test_a_cancelled_acquire_leaves_the_queue() -> None:
     locks = table()
     locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
     locks.acquire(OpId(2), B, "l", TTL, "b", now=0.0)
-    assert locks.cancel(B, "l") == [Dropped(OpId(2))]
+    assert locks.cancel(B, "l") == [Dropped(OpId(2), "l")]
     assert locks.release(A, "l", 1, now=1.0) == freed(1)
 
 
@@ -150,7 +152,7 @@ def test_a_goodbye_releases_the_sessions_locks_and_drops_its_acquires() -> None:
     locks.acquire(OpId(3), B, "y", TTL, "b", now=0.0)
     locks.acquire(OpId(4), A, "y", TTL, "a", now=0.0)
     effects = locks.session_ended(A, now=1.0)
-    assert effects == [Dropped(OpId(4)), *freed(1, "x"), *granted(2, B, 2, "x")]
+    assert effects == [Dropped(OpId(4), "y"), *freed(1, "x"), *granted(2, B, 2, "x")]
 
 
 def test_a_lost_connection_keeps_the_locks_and_drops_the_queued_acquires() -> None:
@@ -159,7 +161,7 @@ def test_a_lost_connection_keeps_the_locks_and_drops_the_queued_acquires() -> No
     locks.acquire(OpId(2), B, "l", TTL, "b", now=0.0)
     locks.acquire(OpId(3), C, "l", TTL, "c", now=0.0)
     assert locks.disconnected(A) == []
-    assert locks.disconnected(B) == [Dropped(OpId(2))]
+    assert locks.disconnected(B) == [Dropped(OpId(2), "l")]
     assert locks.renew(A, "l", 1, now=1.0) == TTL  # resumed, renewed
     assert locks.tick(1.0 + TTL + SKEW) == freed(1) + granted(3, C, 2)
 
@@ -224,3 +226,19 @@ def test_the_ttl_bounds_are_inclusive_at_the_maximum_only() -> None:
         OpId(1), A, "x", 1, MAX_LOCK_TTL
     )
     assert locks.acquire(OpId(2), A, "y", math.nextafter(2 * SKEW, 1), "a", now=0.0) != []
+
+
+# ---------------------------------------------------------------- the fence on the wire
+def test_a_change_without_a_fence_is_the_frame_it_always_was() -> None:
+    plain = {"t": "write", "id": 1, "path": "a", "data": b"x", "if_version": None}
+    assert p.encode(p.Write(id=1, path="a", data=b"x"))[4:] == cbor2.dumps(plain)
+    fenced = p.encode(p.Write(id=1, path="a", data=b"x", fence=("jobs/leader", 3)))
+    assert fenced[4:] == cbor2.dumps({**plain, "fence": ["jobs/leader", 3]})
+    assert p.decode_message(fenced[4:]) == p.Write(1, "a", b"x", fence=("jobs/leader", 3))
+
+
+def test_a_fence_of_another_shape_is_a_protocol_error() -> None:
+    for fence in (["l"], ["l", 1, 2], [1, "l"], "l", ["l", 1.5]):
+        body = {"t": "mkdir", "id": 1, "path": "d", "fence": fence}
+        with pytest.raises(ProtocolError, match=r"mkdir\.fence"):
+            p.decode_message(cbor2.dumps(body))

@@ -112,6 +112,7 @@ async def test_a_ttl_out_of_bounds_is_refused(
         await raw.send(p.Acquire(id=1, name="l", ttl=0.1, identity="r", wait=True))
         error = await raw.receive()
         assert isinstance(error, p.Error) and "ttl" in error.message
+        assert service_of(cluster).locks.waiting() == 0  # nothing left owed
 
 
 # ---------------------------------------------------------------- renewal and expiry

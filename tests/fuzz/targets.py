@@ -182,6 +182,8 @@ def _check_holds(message: p.Message, body: dict[str, Any]) -> None:
         assert _conforms(value, hints[name]), (name, value, hints[name])
         said = body.get(name)
         # repr: a NaN inside the free-form counters map is equal to itself only there
+        if type(value) is tuple:
+            value = list(value)  # decoded from an array
         assert value == said or repr(value) == repr(said), (name, said)
         assert type(said) is not float or math.isfinite(said), (name, said)
 
@@ -199,6 +201,8 @@ def _conforms(value: Any, annotation: Any) -> bool:
         return value is None or _conforms(value, inner)
     if typing.get_origin(annotation) is list:
         return type(value) is list and all(_conforms(item, args[0]) for item in value)
+    if typing.get_origin(annotation) is tuple:  # an array of fixed shape (a fence)
+        return type(value) is tuple and len(value) == len(args) and all(map(_conforms, value, args))
     if typing.get_origin(annotation) is dict:
         return type(value) is dict and _plain(value)
     raise AssertionError(f"no oracle for {annotation!r}")
@@ -231,6 +235,8 @@ def _typed(fdp: atheris.FuzzedDataProvider, annotation: Any) -> Any:
         return None if fdp.ConsumeBool() else _typed(fdp, inner)
     if typing.get_origin(annotation) is list:
         return [_typed(fdp, args[0]) for _ in range(fdp.ConsumeIntInRange(0, 5))]
+    if typing.get_origin(annotation) is tuple:
+        return [_typed(fdp, arg) for arg in args]
     return {str(i): _value(fdp, 2) for i in range(fdp.ConsumeIntInRange(0, 4))}
 
 
@@ -388,10 +394,16 @@ def _field(fdp: atheris.FuzzedDataProvider, annotation: Any) -> Any:
         return fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 24))
     if annotation is bytes:
         return fdp.ConsumeBytes(_pick(fdp, [0, 1, 5, 100, 5000]))
+    if annotation is float:
+        return _pick(fdp, (*_EDGE_FLOATS, 0.3, 1.0, 5.0, 300.0))
+    if annotation is bool:
+        return fdp.ConsumeBool()
     args = typing.get_args(annotation)
     if type(None) in args:
         inner = next(a for a in args if a is not type(None))
         return None if fdp.ConsumeBool() else _field(fdp, inner)
+    if typing.get_origin(annotation) is tuple:
+        return tuple(_field(fdp, arg) for arg in args)
     assert typing.get_origin(annotation) is list, annotation
     return [_field(fdp, args[0]) for _ in range(fdp.ConsumeIntInRange(0, 4))]
 
@@ -443,6 +455,8 @@ class _Link:
             while (message := await self.peer.receive()) is not None:
                 if isinstance(message, p.ApprovalRequest):
                     self.approval = message
+                elif isinstance(message, p.LockChanged):
+                    pass  # a push to a lock watcher
                 elif isinstance(message, p.Error) and message.id is None:
                     self.excused = True  # a typed error, and the connection closes
                 else:
@@ -515,6 +529,8 @@ async def _play(root: Path, script: Sequence[Action]) -> None:
                 cluster.release("reader")
                 await trio.sleep(SKEW)  # every frame sent is handled (autojump waits for that)
                 while service.table.pending_writes():  # writes waiting out silent holders
+                    await trio.sleep(SKEW)
+                while service.locks.waiting():  # acquires waiting out silent holders
                     await trio.sleep(SKEW)
                 await trio.sleep(SKEW)  # the replies are delivered
                 for each in every_link:
