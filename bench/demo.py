@@ -42,16 +42,31 @@ def _leaf(exc: BaseException) -> BaseException:
 Demo = TypeVar("Demo", bound=CrashDemo)
 
 
-def play(make: Callable[[procs.Commands], Demo]) -> tuple[Demo, int | None]:
-    """Make a demo whose children log to a temporary directory, run its script with a
-    server root in it, stop the children, print the checks; the demo, and the exit
-    status if it was interrupted or a check failed (None if every check passed)."""
+def play(
+    console: Console,
+    title: str,
+    intro: str,
+    make: Callable[[procs.Commands], Demo],
+    verdict: Callable[[Demo], str],
+) -> int:
+    """Print the title and intro; make a demo whose children log to a temporary
+    directory, run its script with a server root there, stop the children and print
+    the checks. The exit status: 0 (after ``verdict(demo)``) if every check passed."""
+    c = console
+    c.line(c.paint(title, "bold"))
+    for line in textwrap.wrap(intro, 88):
+        c.line(line)
+    c.line()
     with tempfile.TemporaryDirectory(prefix="fscache-demo-") as temp:
         root, logs = os.path.join(temp, "root"), os.path.join(temp, "logs")
         os.mkdir(root)
         os.mkdir(logs)
         demo = make(procs.Commands(logs))
-        return demo, _play(demo, root)
+        status = _play(demo, root)
+    if status is not None:
+        return status
+    c.line(c.paint(verdict(demo), "green"))
+    return 0
 
 
 def _play(demo: CrashDemo, root: str) -> int | None:
@@ -112,15 +127,9 @@ def run_crash_demo(
         raise FscacheError(f"--term must be at least {MIN_TERM:g} s for the demo")
     if not 0 <= skew < term:
         raise FscacheError("--skew must be at least 0 and less than --term")
-    t0 = time.monotonic()
-    console = Console(t0, out or sys.stdout)
-    c = console
-    c.line(
-        c.paint(
-            f"fscache crash demo: {clients} reader processes, lease term {term:g} s,"
-            f" skew {skew:g} s",
-            "bold",
-        )
+    console = Console(time.monotonic(), out or sys.stdout)
+    title = (
+        f"fscache crash demo: {clients} reader processes, lease term {term:g} s, skew {skew:g} s"
     )
     intro = (
         "Reader 0 is killed with SIGKILL while it holds a lease. The live readers approve the"
@@ -128,9 +137,6 @@ def run_crash_demo(
         " out (grant + term + skew). Times are seconds since the start, on the machine's"
         " monotonic clock, which every process shares."
     )
-    for line in textwrap.wrap(intro, 88):
-        c.line(line)
-    c.line()
 
     def make(children: procs.Commands) -> CrashDemo:
         return CrashDemo(
@@ -142,18 +148,14 @@ def run_crash_demo(
             children=children,
         )
 
-    demo, status = play(make)
-    if status is not None:
-        return status
-    c.line(
-        c.paint(
+    def verdict(demo: CrashDemo) -> str:
+        return (
             f"OK: the writer waited {demo.wait_measured:.2f} s for the dead client's lease"
             f" (expected {demo.wait_expected:.2f} s); live clients approved at once;"
-            " no stale read; nothing lost",
-            "green",
+            " no stale read; nothing lost"
         )
-    )
-    return 0
+
+    return play(console, title, intro, make, verdict)
 
 
 __all__ = ["Tolerances", "run_crash_demo"]

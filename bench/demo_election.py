@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import textwrap
 import time
 from typing import Any, TextIO
 
@@ -307,13 +306,9 @@ def run_election_demo(
     if not 0 <= skew < ttl / 2:
         raise FscacheError("--skew must be at least 0 and less than half of --ttl")
     console = Console(time.monotonic(), out or sys.stdout, who_width=len("candidate 10"))
-    c = console
-    c.line(
-        c.paint(
-            f"fscache election demo: {candidates} candidate processes, lock ttl {ttl:g} s,"
-            f" skew {skew:g} s",
-            "bold",
-        )
+    title = (
+        f"fscache election demo: {candidates} candidate processes, lock ttl {ttl:g} s,"
+        f" skew {skew:g} s"
     )
     intro = (
         "The leader is killed with SIGKILL. Nobody tells the server; it hands the leadership"
@@ -321,9 +316,6 @@ def run_election_demo(
         " leader's writes carry a newer fencing token, so a write with the old one is refused."
         " Times are seconds since the start, on the machine's monotonic clock."
     )
-    for line in textwrap.wrap(intro, 88):
-        c.line(line)
-    c.line()
 
     def make(children: procs.Commands) -> ElectionDemo:
         return ElectionDemo(
@@ -335,17 +327,13 @@ def run_election_demo(
             children=children,
         )
 
-    demo, status = play(make)
-    if status is not None:
-        return status
-    c.line(
-        c.paint(
+    def verdict(demo: ElectionDemo) -> str:
+        return (
             f"OK: the leadership passed {demo.handover:.2f} s after the kill, once the dead"
-            " leader's lock had run out; the old token was refused",
-            "green",
+            " leader's lock had run out; the old token was refused"
         )
-    )
-    return 0
+
+    return play(console, title, intro, make, verdict)
 
 
 __all__ = ["run_election_demo"]
