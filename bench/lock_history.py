@@ -12,8 +12,8 @@ on while it sleeps, then SIGCONTs it. Every holder logs its events (stamped with
 :func:`check` reads them all at the end:
 
 1. **Mutual exclusion of belief.** A holder believes it holds the lock from the
-   grant's arrival until the last ``valid_until`` it was told (or its release, or
-   its learning of the loss, if earlier). No two such intervals overlap.
+   grant's arrival until the last ``valid_until`` it was told, or until it sent its
+   release or learnt of the loss, if earlier. No two such intervals overlap.
 2. **Tokens follow grant order.** No token is granted twice, and of two believed
    intervals, the later has the larger token.
 3. **Fencing.** The applied fenced writes, in the order the server applied them
@@ -96,7 +96,7 @@ def beliefs_of(process: str, events: Iterable[dict[str, Any]]) -> list[Belief]:
             token, start, end = event["token"], event["t"], event["valid_until"]
         elif kind == "renewed" and event["token"] == token:
             end = max(end, event["valid_until"])
-        elif kind in ("released", "lost") and event["token"] == token:
+        elif kind in ("release", "lost") and event["token"] == token:
             close(event["t"])
     close(float("inf"))
     return found

@@ -17,7 +17,10 @@ every process fit on one timeline):
   with the lock; ``outcome`` is ``applied`` (``version`` is the file's new
   version), ``refused`` (the server's :class:`fscache.Conflict`: a newer token
   was granted) or ``error: ...``;
-* ``released``, ``lost`` ``{token}``: it let the lock go, or learnt it had lost it.
+* ``release`` ``{token}``: it lets the lock go and stops believing it holds it
+  (``t`` is before the request is sent: the server may grant the lock to the next
+  in line before the answer comes back); ``released`` when the answer came;
+* ``lost`` ``{token}``: it learnt it had lost the lock.
 
 Without ``--run`` it takes one command a line on stdin: ``acquire``, ``write``
 (fenced with the lock), ``write-token`` (fenced with the pair ``(name, token)``),
@@ -111,6 +114,7 @@ class Holder:
         if self.lock is None:
             return
         lock, self.lock = self.lock, None
+        emit("release", token=lock.token)
         await lock.release()
         emit("released", token=lock.token)
 

@@ -170,8 +170,8 @@ def renewed(t: float, token: int, until: float) -> dict[str, Any]:
     return {"event": "renewed", "t": t, "token": token, "valid_until": until}
 
 
-def released(t: float, token: int) -> dict[str, Any]:
-    return {"event": "released", "t": t, "token": token}
+def release(t: float, token: int) -> dict[str, Any]:
+    return {"event": "release", "t": t, "token": token}
 
 
 def wrote(t: float, token: int, version: int | None, outcome: str = "applied") -> dict[str, Any]:
@@ -188,7 +188,7 @@ def test_the_checker_accepts_a_clean_hand_over() -> None:
                 renewed(0.3, 1, 1.2),
                 wrote(1.5, 1, None, "refused"),
             ],
-            "b": [acquired(1.4, 2, 2.3), wrote(1.45, 2, 11), released(1.6, 2)],
+            "b": [acquired(1.4, 2, 2.3), wrote(1.45, 2, 11), release(1.6, 2)],
         }
     )
     assert verdict.problems == []
@@ -208,7 +208,7 @@ def test_the_checker_finds_a_long_belief_overlapping_a_later_one() -> None:
     verdict = check(
         {
             "a": [acquired(0, 1, 5.0)],
-            "b": [acquired(1, 2, 2), released(1.5, 2)],
+            "b": [acquired(1, 2, 2), release(1.5, 2)],
             "c": [acquired(3, 3, 4)],
         }
     )
@@ -218,8 +218,14 @@ def test_the_checker_finds_a_long_belief_overlapping_a_later_one() -> None:
     ]
 
 
+def test_a_release_ends_belief_when_it_is_sent_not_when_it_is_answered() -> None:
+    events = [acquired(0, 1, 0.9), release(0.2, 1), {"event": "released", "t": 0.4, "token": 1}]
+    verdict = check({"a": events, "b": [acquired(0.3, 2, 1.2)]})
+    assert verdict.problems == []
+
+
 def test_a_release_ends_belief_before_valid_until() -> None:
-    verdict = check({"a": [acquired(0, 1, 0.9), released(0.2, 1)], "b": [acquired(0.3, 2, 1.2)]})
+    verdict = check({"a": [acquired(0, 1, 0.9), release(0.2, 1)], "b": [acquired(0.3, 2, 1.2)]})
     assert verdict.problems == []
 
 
