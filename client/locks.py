@@ -292,16 +292,17 @@ class LeaderWatch:
     async def __anext__(self) -> str | None:
         while True:
             while self._notices:
-                notice = self._notices.popleft()
-                if notice is None:
+                notice = self._notices[0]
+                if notice is None:  # (re)subscribe; the mark goes only once that is done
                     state = await self._subscribe()
                     if state is None:  # not connected: try again
-                        self._notices.appendleft(None)
                         continue
-                    notice_or_state: p.LockState | p.LockChanged = state
+                    self._notices.popleft()
+                    news = (state.token, state.identity)
                 else:
-                    notice_or_state = notice
-                if self._is_change(notice_or_state.token, notice_or_state.identity):
+                    self._notices.popleft()
+                    news = (notice.token, notice.identity)
+                if self._is_change(*news):
                     return self._current
             await self._arrived.wait()
             self._arrived = trio.Event()

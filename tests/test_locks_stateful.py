@@ -15,8 +15,9 @@ The invariants are the rules of :mod:`fscache.locks`:
 (a) at most one holder of a name at any instant, and only one whose lock the table
     may count live;
 (b) tokens of a name are strictly increasing, across restarts too;
-(c) no grant while another session may still believe it holds the name: every
-    belief in an older token ends ``2 * skew`` before the grant or earlier;
+(c) no grant while another session may still believe it holds the name: a belief
+    that ran out by time ended ``2 * skew`` before the grant or earlier (one its
+    holder gave up, by release or goodbye, needs no margin);
 (d) every live belief passes the fence (its token is the newest of its name);
 (e) ``next_deadline()`` is always ahead (time passes only by ticks), and ticking
     before it does nothing;
@@ -90,6 +91,14 @@ class LockTableMachine(RuleBasedStateMachine):
             else:
                 assert isinstance(effect, Changed | Persist)
 
+    def apply_released(self, effects: list[Effect]) -> None:
+        """Effects of a release by the holder itself: it believes no more, so the names
+        it freed need no margin before the next grant."""
+        for effect in effects:
+            if isinstance(effect, Changed) and effect.identity is None:
+                self.ran_out.pop(effect.name, None)
+        self.apply(effects)
+
     def forget_ended_beliefs(self) -> None:
         """Beliefs whose time has run out end (and are remembered until when)."""
         for key in [k for k, b in self.beliefs.items() if b.until <= self.now]:
@@ -132,7 +141,7 @@ class LockTableMachine(RuleBasedStateMachine):
     def release(self, session: HolderId, name: str) -> None:
         belief = self.beliefs.pop((session, name), None)
         token = belief.token if belief is not None else self.renewable.get((session, name), 1)
-        self.apply(self.table.release(session, name, token, self.now))
+        self.apply_released(self.table.release(session, name, token, self.now))
 
     @rule(session=st.sampled_from(SESSIONS), name=st.sampled_from(NAMES))
     def cancel(self, session: HolderId, name: str) -> None:
@@ -142,7 +151,7 @@ class LockTableMachine(RuleBasedStateMachine):
     def goodbye(self, session: HolderId) -> None:
         for key in [k for k in self.beliefs if k[0] == session]:
             del self.beliefs[key]  # a client says goodbye after its locks' bodies end
-        self.apply(self.table.session_ended(session, self.now))
+        self.apply_released(self.table.session_ended(session, self.now))
 
     @rule(session=st.sampled_from(SESSIONS))
     def connection_lost(self, session: HolderId) -> None:
@@ -210,7 +219,7 @@ class LockTableMachine(RuleBasedStateMachine):
             for session, name in {(w.session, w.name) for w in before.values()}:
                 held = self.beliefs.pop((session, name), None)
                 if held is not None:  # granted: give it back so the next may have it
-                    self.apply(self.table.release(session, name, held.token, self.now))
+                    self.apply_released(self.table.release(session, name, held.token, self.now))
         assert not self.waiting, "acquires never granted"
 
 
