@@ -14,7 +14,8 @@ import sys
 import tempfile
 import textwrap
 import time
-from typing import TextIO
+from collections.abc import Callable
+from typing import TextIO, TypeVar
 
 import trio
 
@@ -38,6 +39,76 @@ def _leaf(exc: BaseException) -> BaseException:
     return exc
 
 
+Demo = TypeVar("Demo", bound=CrashDemo)
+
+
+def play(
+    console: Console,
+    title: str,
+    intro: str,
+    make: Callable[[procs.Commands], Demo],
+    verdict: Callable[[Demo], str],
+) -> int:
+    """Print the title and intro; make a demo whose children log to a temporary
+    directory, run its script with a server root there, stop the children and print
+    the checks. The exit status: 0 (after ``verdict(demo)``) if every check passed."""
+    c = console
+    c.line(c.paint(title, "bold"))
+    for line in textwrap.wrap(intro, 88):
+        c.line(line)
+    c.line()
+    with tempfile.TemporaryDirectory(prefix="fscache-demo-") as temp:
+        root, logs = os.path.join(temp, "root"), os.path.join(temp, "logs")
+        os.mkdir(root)
+        os.mkdir(logs)
+        demo = make(procs.Commands(logs))
+        status = _play(demo, root)
+    if status is not None:
+        return status
+    c.line(c.paint(verdict(demo), "green"))
+    return 0
+
+
+def _play(demo: CrashDemo, root: str) -> int | None:
+    c = demo.c
+    try:
+        try:
+            trio.run(demo.run, root)
+        except BaseException as exc:
+            leaf = _leaf(exc)
+            if isinstance(leaf, KeyboardInterrupt):
+                c.clear_status()
+                c.line(f"\ninterrupted: stopping the server and the {demo.children_name}")
+                return 130
+            if isinstance(leaf, Interrupted):
+                c.clear_status()
+                c.line(f"\n{leaf}: stopping the server and the {demo.children_name}")
+                return 128 + leaf.signum
+            if not isinstance(leaf, Abort | FscacheError):
+                raise
+            c.clear_status()
+            why = str(leaf) if isinstance(leaf, Abort) else f"{type(leaf).__name__}: {leaf}"
+            demo.check("demo stopped", why, False)
+    finally:
+        demo.children.stop_all()
+    if demo.checks:
+        demo.summary()
+    problems = demo.problems
+    c.line()
+    if not problems:
+        return None
+    for name, path in demo.logs():
+        tail = procs.tail(path)
+        if tail:
+            c.line(f"last lines of the {name}'s log:")
+            for line in tail:
+                c.line(f"    {line}")
+    c.line(c.paint(f"FAIL: {problems[0]}", "red"))
+    for problem in problems[1:]:
+        c.line(c.paint(f"      {problem}", "red"))
+    return 1
+
+
 def run_crash_demo(
     *,
     term: float = 3.0,
@@ -56,15 +127,9 @@ def run_crash_demo(
         raise FscacheError(f"--term must be at least {MIN_TERM:g} s for the demo")
     if not 0 <= skew < term:
         raise FscacheError("--skew must be at least 0 and less than --term")
-    t0 = time.monotonic()
-    console = Console(t0, out or sys.stdout)
-    c = console
-    c.line(
-        c.paint(
-            f"fscache crash demo: {clients} reader processes, lease term {term:g} s,"
-            f" skew {skew:g} s",
-            "bold",
-        )
+    console = Console(time.monotonic(), out or sys.stdout)
+    title = (
+        f"fscache crash demo: {clients} reader processes, lease term {term:g} s, skew {skew:g} s"
     )
     intro = (
         "Reader 0 is killed with SIGKILL while it holds a lease. The live readers approve the"
@@ -72,16 +137,9 @@ def run_crash_demo(
         " out (grant + term + skew). Times are seconds since the start, on the machine's"
         " monotonic clock, which every process shares."
     )
-    for line in textwrap.wrap(intro, 88):
-        c.line(line)
-    c.line()
-    with tempfile.TemporaryDirectory(prefix="fscache-demo-") as temp:
-        root = os.path.join(temp, "root")
-        logs = os.path.join(temp, "logs")
-        os.mkdir(root)
-        os.mkdir(logs)
-        children = procs.Commands(logs)
-        demo = CrashDemo(
+
+    def make(children: procs.Commands) -> CrashDemo:
+        return CrashDemo(
             term=term,
             skew=skew,
             clients=clients,
@@ -89,50 +147,15 @@ def run_crash_demo(
             console=console,
             children=children,
         )
-        try:
-            try:
-                trio.run(demo.run, root)
-            except BaseException as exc:
-                leaf = _leaf(exc)
-                if isinstance(leaf, KeyboardInterrupt):
-                    c.clear_status()
-                    c.line("\ninterrupted: stopping the server and the readers")
-                    return 130
-                if isinstance(leaf, Interrupted):
-                    c.clear_status()
-                    c.line(f"\n{leaf}: stopping the server and the readers")
-                    return 128 + leaf.signum
-                if not isinstance(leaf, Abort | FscacheError):
-                    raise
-                c.clear_status()
-                why = str(leaf) if isinstance(leaf, Abort) else f"{type(leaf).__name__}: {leaf}"
-                demo.check("demo stopped", why, False)
-        finally:
-            children.stop_all()
-        if demo.checks:
-            demo.summary()
-        problems = demo.problems
-        c.line()
-        if problems:
-            for name, path in demo.logs():
-                tail = procs.tail(path)
-                if tail:
-                    c.line(f"last lines of the {name}'s log:")
-                    for line in tail:
-                        c.line(f"    {line}")
-            c.line(c.paint(f"FAIL: {problems[0]}", "red"))
-            for problem in problems[1:]:
-                c.line(c.paint(f"      {problem}", "red"))
-            return 1
-        c.line(
-            c.paint(
-                f"OK: the writer waited {demo.wait_measured:.2f} s for the dead client's lease"
-                f" (expected {demo.wait_expected:.2f} s); live clients approved at once;"
-                " no stale read; nothing lost",
-                "green",
-            )
+
+    def verdict(demo: CrashDemo) -> str:
+        return (
+            f"OK: the writer waited {demo.wait_measured:.2f} s for the dead client's lease"
+            f" (expected {demo.wait_expected:.2f} s); live clients approved at once;"
+            " no stale read; nothing lost"
         )
-        return 0
+
+    return play(console, title, intro, make, verdict)
 
 
 __all__ = ["Tolerances", "run_crash_demo"]

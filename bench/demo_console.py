@@ -19,9 +19,10 @@ class Console:
         "green": "1;32",
     }
 
-    def __init__(self, t0: float, out: TextIO) -> None:
+    def __init__(self, t0: float, out: TextIO, who_width: int = WHO_WIDTH) -> None:
         self.t0 = t0
         self.out = out
+        self.who_width = who_width
         self.tty = out.isatty()
         self.colour = self.tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
         self._status = ""
@@ -48,7 +49,7 @@ class Console:
 
     def event(self, t: float, who: str, text: str, style: str | None = None) -> None:
         stamp = self.paint(f"{self.rel(t):>9}", "dim")
-        body = f"{who:<{WHO_WIDTH}}  {text}"
+        body = f"{who:<{self.who_width}}  {text}"
         self._print(f"{stamp}  {self.paint(body, style) if style else body}")
 
     def status(self, text: str) -> None:

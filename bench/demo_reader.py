@@ -12,10 +12,8 @@ demo's side of that protocol.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import time
@@ -131,8 +129,7 @@ async def _worker(port: int, client_id: str, path: str) -> None:
         _emit("ready")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_approvals, client)
-            stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
-            async with stdin, contextlib.aclosing(procs.lines(stdin)) as commands:
+            async with procs.stdin_lines() as commands:
                 async for line in commands:
                     if line.strip() == "read":
                         nursery.start_soon(read, client)

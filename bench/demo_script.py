@@ -71,6 +71,8 @@ class Check:
 
 
 class CrashDemo:
+    children_name = "readers"
+
     def __init__(
         self,
         *,
@@ -210,8 +212,10 @@ class CrashDemo:
         statuses = [await procs.wait_exit(reader.proc, STEP_TIMEOUT) for reader in live]
         bad = [f"{r.name}: {s}" for r, s in zip(live, statuses, strict=True) if s != 0]
         self.check(
-            "readers exit",
-            f"exit status {', '.join(bad)}" if bad else f"{len(live)} live readers exited with 0",
+            f"{self.children_name} exit",
+            f"exit status {', '.join(bad)}"
+            if bad
+            else f"{len(live)} live {self.children_name} exited with 0",
             not bad,
         )
 

@@ -16,10 +16,9 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 
-from fscache.bench.procs import stop_command
+from fscache.bench.procs import stop_command, wait_ready
 from fscache.cli import parse_serving_line
 
 START_TIMEOUT = 15.0  # seconds a server may take to print its address
@@ -131,6 +130,14 @@ def echo_server(*, wire: bool = False) -> Iterator[ServerProcess]:
         server.stop()
 
 
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
 def redis_server_binary() -> str | None:
     return shutil.which("redis-server")
 
@@ -163,15 +170,8 @@ def redis_server(workdir: str) -> Iterator[ServerProcess]:
     )
     server = ServerProcess("redis", popen, port)  # type: ignore[arg-type]
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if popen.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.02)
+        if not wait_ready(popen, functools.partial(_accepts, port), START_TIMEOUT):
+            raise RuntimeError("redis-server did not start")
         yield server
     finally:
         server.stop()

@@ -13,8 +13,9 @@ import contextlib
 import multiprocessing
 import os
 import subprocess
+import sys
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -95,6 +96,24 @@ async def lines(stream: trio.abc.ReceiveStream) -> AsyncGenerator[str, None]:
         *complete, buffer = buffer.split(b"\n")
         for line in complete:
             yield line.decode(errors="replace")
+
+
+@contextlib.asynccontextmanager
+async def stdin_lines() -> AsyncIterator[AsyncGenerator[str, None]]:
+    """A child's commands: the lines of its stdin, read without blocking trio."""
+    stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+    async with stdin, contextlib.aclosing(lines(stdin)) as each:
+        yield each
+
+
+def wait_ready(popen: subprocess.Popen[Any], ready: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``ready()`` until it holds (True), the child exits or ``timeout`` s pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if popen.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 async def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int | None:

@@ -142,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     crash.add_argument("--term", type=_seconds, default=3.0, help="lease term, seconds")
     crash.add_argument("--skew", type=_seconds, default=DEFAULT_SKEW, help="skew allowance, s")
     crash.add_argument("--clients", type=_count, default=3, help="reader processes (>= 2)")
+    election = demo_sub.add_parser("election", help="kill the leader; watch the hand-over")
+    election.add_argument("--ttl", type=_seconds, default=2.0, help="leadership lock ttl, s")
+    election.add_argument("--skew", type=_seconds, default=DEFAULT_SKEW, help="skew allowance, s")
+    election.add_argument("--candidates", type=_count, default=3, help="candidate processes")
 
     # The benchmark parses its own options (--quick, --out ...): main hands them over.
     sub.add_parser(
@@ -399,6 +403,10 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.demo == "election":
+        from fscache.bench.demo_election import run_election_demo  # it checks the options
+
+        return run_election_demo(ttl=args.ttl, skew=args.skew, candidates=args.candidates)
     from fscache.bench.demo import run_crash_demo  # it checks the options itself
 
     return run_crash_demo(term=args.term, skew=args.skew, clients=args.clients)
