@@ -15,6 +15,11 @@ the body of ``async with client.lock(...)`` is cancelled and the ``async with``
 raises :class:`~fscache.errors.LockLost`, so no code after it runs believing it
 held the lock. A lost lock is never held again; acquire anew.
 
+An acquire that waited in line is granted later than it was sent, and its send
+time would make the lock's trust run out early (or have run out already): one
+whose grant comes a third of the ttl or more after its send is renewed at once,
+and trusted from the renewal's send time.
+
 An acquire that times out sends a release with token 0 (stop waiting). The
 server answers requests in order, so if the grant went out first it arrives
 first, and the client releases it at once: a timed-out acquire holds nothing.
@@ -130,19 +135,26 @@ class Lock:
         await trio.sleep_until(self._at(self.valid_until - self.ttl + self.ttl / 3))
         while True:
             try:
-                link = await client._current_link()
-                request = await client._call_request(
-                    link, lambda i: p.Renew(id=i, name=self.name, token=self.token)
-                )
+                return await self._renew(client)
             except Unavailable:
                 await trio.sleep(RENEW_RETRY)
-                continue
-            except FscacheError:  # refused (LockLost), or the client is closing
-                return False
-            reply = request.reply
-            assert isinstance(reply, p.LockGranted)
-            self.valid_until = max(self.valid_until, request.sent_at + reply.ttl - _skew(client))
-            return True
+
+    async def _renew(self, client: Client) -> bool:
+        """One renewal, now: False if the server refused it (or the client is
+        closing); :class:`Unavailable` if the connection is down."""
+        try:
+            link = await client._current_link()
+            request = await client._call_request(
+                link, lambda i: p.Renew(id=i, name=self.name, token=self.token)
+            )
+        except Unavailable:
+            raise
+        except FscacheError:  # refused (LockLost), or the client is closing
+            return False
+        reply = request.reply
+        assert isinstance(reply, p.LockGranted)
+        self.valid_until = max(self.valid_until, request.sent_at + reply.ttl - _skew(client))
+        return True
 
     def _at(self, instant: float) -> float:
         """``instant`` on the client's clock as a time on trio's clock."""
@@ -185,6 +197,16 @@ async def acquire(
     lock = Lock(
         client, name, reply.token, identity, reply.ttl, request.sent_at + reply.ttl - _skew(client)
     )
+    if client._clock() >= request.sent_at + reply.ttl / 3:  # it waited in line: see the note
+        try:
+            renewed = await lock._renew(client)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await lock.release()
+            raise
+        if not renewed:
+            lock._released = True
+            raise LockLost(f"lock {name!r} (token {lock.token}) was lost as it was granted")
     assert client._nursery is not None
     client._nursery.start_soon(lock._renew_until_lost)
     return lock

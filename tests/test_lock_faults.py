@@ -114,13 +114,6 @@ async def test_a_killed_holders_lock_passes_on_no_sooner_than_last_renewal_plus_
     assert won["t"] > a.killed_at
 
 
-QUEUED_GRANT = (
-    "a queued acquire's valid_until is counted from when the acquire was sent, so a"
-    " waiter that waited longer than ttl - skew is granted a lock that is already lost"
-)
-
-
-@pytest.mark.xfail(reason=QUEUED_GRANT, strict=True)
 async def test_a_waiter_granted_after_a_long_wait_may_trust_its_lock(
     server: ServerProcess, tmp_path: Path
 ) -> None:

@@ -23,6 +23,7 @@ import trio.testing
 import fscache
 from fscache import protocol as p
 from fscache.cli import parse_serving_line
+from fscache.client.locks import Lock
 from fscache.server.service import FileService, ServerSettings, serve
 
 from .harness import Cluster
@@ -83,6 +84,28 @@ async def test_a_second_acquire_waits_for_the_release_in_line(
             assert got == []
             await first.release()
         assert got == [(at(20.0), 2)]
+
+
+async def test_a_lock_granted_after_waiting_in_line_is_trusted_from_its_renewal(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("a") as a, cluster.client("b") as b:
+        first = await a.acquire("l", TTL)
+        waited: list[Lock] = []
+
+        async def wait_in_line() -> None:
+            waited.append(await b.acquire("l", TTL))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_in_line)
+            await trio.sleep(20.0)  # far longer than the ttl: the acquire's send is old news
+            await first.release()
+        (lock,) = waited
+        assert trio.current_time() == at(20.0)  # renewed at once, in no virtual time
+        assert lock.held and lock.valid_until == at(20.0 + TTL - SKEW)
+        await trio.sleep(TTL)  # and kept by the renewer from then on
+        assert lock.held and not lock.lost.is_set()
+        await lock.release()
 
 
 async def test_an_acquire_times_out_and_holds_nothing(
