@@ -67,6 +67,7 @@ from fscache.errors import (
     Unavailable,
     error_for_code,
 )
+from fscache.client.watch import Change, watch
 from fscache.names import dir_key, parent
 from fscache.net import Wire, wire_for
 from fscache.paths import normalize
@@ -268,6 +269,8 @@ class Client:
         # given back: the mount clears the kernel's copy here.
         self.before_approval: list[Callable[[str], Awaitable[None]]] = []
         self._counters = ClientCounters()
+        self._ephemeral: dict[str, bytes] = {}  # path: data, written again in a new session
+        self._write_again = False  # a new session came; not all of _ephemeral written yet
 
     # ------------------------------------------------------------ public API
     async def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
@@ -315,6 +318,7 @@ class Client:
         *,
         if_version: int | None = None,
         offset: int | None = None,
+        ephemeral: bool = False,
     ) -> int:
         """Write ``data`` (bytes, or a binary file object read chunk by chunk) to
         ``path`` durably; returns the new version. Waits until every other cache
@@ -324,33 +328,54 @@ class Client:
         new contents); more than one chunk goes up as an upload, a few parts in
         flight, aborted if anything fails. With ``offset`` the bytes are written in
         place at ``offset`` (the file is created if missing), one chunk per request:
-        only each chunk is atomic. ``if_version``: compare-and-set."""
+        only each chunk is atomic. ``if_version``: compare-and-set.
+
+        ``ephemeral``: the file lives as long as this client's session (bytes only, no
+        ``offset``). The client keeps ``data`` and writes it again, ephemeral, whenever
+        it is given a new session (the server restarted, or the old session expired),
+        so the file lasts as long as this client, until it deletes or overwrites it."""
         path = normalize(path)
         if not isinstance(data, bytes | bytearray | memoryview) and not hasattr(data, "read"):
             raise TypeError(f"data must be bytes or a binary file, not {type(data).__name__}")
+        if ephemeral and (offset is not None or not isinstance(data, bytes | bytearray | memoryview)):
+            raise ValueError("an ephemeral write replaces the whole file with bytes")
         if offset is not None:
-            return await self._write_in_place(path, data, offset, if_version)
-        if isinstance(data, bytes | bytearray | memoryview) and len(data) <= CHUNK_SIZE:
-            return await self._write_whole(path, bytes(data), if_version)
-        next_part = _parts(data)
-        first = await next_part()
-        second = await next_part()
-        if not second:  # a file of one chunk at most: one write, as for bytes
-            return await self._write_whole(path, first, if_version)
-        return await self._upload(path, _chain((first, second), next_part), if_version)
+            version = await self._write_in_place(path, data, offset, if_version)
+        elif isinstance(data, bytes | bytearray | memoryview) and len(data) <= CHUNK_SIZE:
+            version = await self._write_whole(path, bytes(data), if_version, ephemeral)
+        else:
+            next_part = _parts(data)
+            first = await next_part()
+            second = await next_part()
+            if not second:  # a file of one chunk at most: one write, as for bytes
+                version = await self._write_whole(path, first, if_version, ephemeral)
+            else:
+                parts = _chain((first, second), next_part)
+                version = await self._upload(path, parts, if_version, ephemeral)
+        self._ephemeral.pop(path, None)
+        if ephemeral:
+            assert isinstance(data, bytes | bytearray | memoryview)
+            self._ephemeral[path] = bytes(data)
+        return version
 
-    async def _write_whole(self, path: str, data: bytes, if_version: int | None) -> int:
+    async def _write_whole(
+        self, path: str, data: bytes, if_version: int | None, ephemeral: bool
+    ) -> int:
         link = await self._current_link()
         if len(data) > link.welcome.max_frame - 1024:
             raise TooLarge(f"{len(data)} bytes is over the server's limit")
         self._counters.writes += 1
-        write = partial(p.Write, path=path, data=data, if_version=if_version)
+        write = partial(p.Write, path=path, data=data, if_version=if_version, ephemeral=ephemeral)
         reply = await self._change(link, _with_parent(path), write, path)
         assert isinstance(reply, p.Written)
         return reply.version
 
     async def _upload(
-        self, path: str, next_part: Callable[[], Awaitable[bytes]], if_version: int | None
+        self,
+        path: str,
+        next_part: Callable[[], Awaitable[bytes]],
+        if_version: int | None,
+        ephemeral: bool = False,
     ) -> int:
         """Send the parts ``next_part`` gives as an upload: begin, parts (IN_FLIGHT at
         most), commit; abort on any error or cancellation before the commit's reply."""
@@ -377,7 +402,9 @@ class Client:
                 sent += len(part)
             while parts:
                 await self._finish(link, parts.popleft())
-            commit = partial(p.UploadCommit, upload=upload, if_version=if_version)
+            commit = partial(
+                p.UploadCommit, upload=upload, if_version=if_version, ephemeral=ephemeral
+            )
             reply = await self._change(link, _with_parent(path), commit, path)
         except BaseException:
             with (
@@ -424,6 +451,7 @@ class Client:
         truncate = partial(p.Truncate, path=path, size=size, if_version=if_version)
         reply = await self._change(link, _with_parent(path), truncate, path)
         assert isinstance(reply, p.Written)
+        self._ephemeral.pop(path, None)
         return reply.version
 
     async def rename(self, src: str, dst: str) -> int:
@@ -438,6 +466,8 @@ class Client:
         link = await self._current_link()
         reply = await self._change(link, keys, partial(p.Rename, src=src, dst=dst), dst)
         assert isinstance(reply, p.Written)
+        for path in [p for p in self._ephemeral if p == src or p.startswith(src + "/")]:
+            self._ephemeral[dst + path[len(src) :]] = self._ephemeral.pop(path)  # moves too
         return reply.version
 
     async def mkdir(self, path: str) -> None:
@@ -505,6 +535,7 @@ class Client:
         link = await self._current_link()
         delete = partial(p.Delete, path=path, if_version=if_version)
         await self._change(link, _with_parent(path), delete, path)
+        self._ephemeral.pop(path, None)
 
     async def _change(
         self, link: _Link, keys: Iterable[str], make: Callable[..., p.Message], path: str = ""
@@ -555,6 +586,12 @@ class Client:
             if not reply.more or not reply.names:
                 return names
             after = reply.names[-1]
+
+    def watch(self, path: str = "", *, initial: bool = False) -> AsyncIterator[Change]:
+        """The changes of the file or directory ``path`` (``""``: the root), as they
+        happen: ``async for change in client.watch("services/api")``. ``initial``:
+        first one ``created`` per existing entry. See :mod:`fscache.client.watch`."""
+        return watch(self, path, initial=initial)
 
     async def relinquish(self, *paths: str) -> None:
         """Drop ``paths`` from the cache and give their leases back to the server."""
@@ -626,7 +663,9 @@ class Client:
 
     def lease_remaining(self, path: str) -> float:
         """Seconds the lease on ``path`` is still trusted (0.0 if none)."""
-        entry = self._cache.get(path) or self._cache.chunks(path)  # whole, or in chunks
+        entry = (  # whole, in chunks, or a listing's key
+            self._cache.get(path) or self._cache.chunks(path) or self._cache.get_listing(path)
+        )
         return max(0.0, entry.expiry - self._clock()) if entry is not None else 0.0
 
     @property
@@ -1133,10 +1172,13 @@ class Client:
                 log.info("server restarted (epoch %s -> %s)", self.epoch, welcome.epoch)
             self.epoch = welcome.epoch
             self._set_link(link)
+            self._write_again = self._write_again or (not welcome.resumed and bool(self._ephemeral))
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._watchdog, link)
                     nursery.start_soon(self._relinquisher, link)
+                    if self._write_again:
+                        nursery.start_soon(self._write_ephemeral_again)
                     await self._read_link(link)
                     cancel.cancel()
             # except*: whether the reader's error arrives bare or grouped by the nursery
@@ -1178,6 +1220,20 @@ class Client:
                 if batch:
                     self._next_id += 1
                     await link.send(self._relinquish_message(self._next_id, batch))
+
+    async def _write_ephemeral_again(self) -> None:
+        """A new session: the files our old one tied are deleted (or will be) with it.
+        Write each again, ephemeral; a lost connection leaves the rest to the next."""
+        for path, data in list(self._ephemeral.items()):
+            if self._ephemeral.get(path) is not data:
+                continue  # changed meanwhile
+            try:
+                await self.write(path, data, ephemeral=True)
+            except Unavailable:
+                return
+            except FscacheError as exc:
+                log.warning("ephemeral %s not written again: %s", path, exc)
+        self._write_again = False
 
     def _set_link(self, link: _Link) -> None:
         self._link = link

@@ -70,6 +70,7 @@ import trio
 from fscache import names
 from fscache import protocol as p
 from fscache.access import ANONYMOUS, Access, AccessRules, BadAccessFile, describe, parse
+from fscache.ephemeral import DeleteTied, Move, Rewrite, TieChange
 from fscache.errors import (
     FscacheError,
     NotDurable,
@@ -94,6 +95,7 @@ from fscache.leases import (
 )
 from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize, normalize_key
+from fscache.server.ephemeral import Nowhere, Ties
 from fscache.server.store import Facts, Store, Upload, listing_page
 from fscache.sessions import Attached, SessionTable, default_ttl
 from fscache.settings import (
@@ -491,6 +493,11 @@ class FileService:
         self._timer_at = math.inf
         self.counters = Counters()
         self.access = None if settings.access_file is None else load_access(settings.access_file)
+        self.ephemeral = Ties(self.store)  # files tied to sessions (fscache.ephemeral)
+        self._own = Connection(  # the server's own writes: the deletes of ended sessions
+            HolderId(f"{self.epoch}.server"), Outbox(Nowhere(), 0), trio.CancelScope(),
+            "server", self.counters, alive=False,
+        )  # fmt: skip
 
     # ------------------------------------------------------------ running
     async def run(self, *, task_status: trio.TaskStatus[list[trio.SocketListener]]) -> None:
@@ -526,6 +533,7 @@ class FileService:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._run_timer)
+            self._delete_tied(self.ephemeral.recover(trio.current_time()))
             task_status.started()
 
     async def _accept(
@@ -559,6 +567,7 @@ class FileService:
             now = trio.current_time()
             for expired in self.sessions.tick(now):
                 log.debug("session %s (%s) expired", expired.session, expired.label)
+                self._delete_tied(self.ephemeral.table.session_ended(expired.session, now))
             self._execute(self.table.tick(now))
             self.store.settle()
 
@@ -730,14 +739,17 @@ class FileService:
                 if self.connections.get(holder) is connection:
                     del self.connections[holder]
                     now = trio.current_time()
+                    ended = False
                     if connection.goodbye:
-                        self.sessions.end(holder, connection.attachment, now)
+                        ended = self.sessions.end(holder, connection.attachment, now)
                     else:
                         self.sessions.detach(holder, connection.attachment, now)
                         self._wake_timer_by(self.sessions.next_deadline())
                     self._execute(
                         self.table.disconnected(holder, goodbye=connection.goodbye, now=now)
                     )
+                    if ended:
+                        self._delete_tied(self.ephemeral.table.session_ended(holder, now))
                 log.debug(
                     "%s: client %s %s", peer, holder,
                     "said goodbye" if connection.goodbye else "disconnected",
@@ -878,6 +890,15 @@ class FileService:
                 raise ProtocolError(str(exc)) from None
             connection.send(p.Error(id=request_id, code=exc.code, message=str(exc)))
 
+    def _delete_tied(self, effects: list[DeleteTied]) -> None:
+        """Delete the files of ended sessions, each an ordinary delete by the server
+        (readers approve or are waited out; a restart window holds it back)."""
+        for effect in effects:
+            log.info("deleting %s: its session %s ended", effect.path, effect.session)
+            footprint = names.keys_for_delete(effect.path)
+            apply = partial(self.store.delete, effect.path)
+            self._begin_write(self._own, p.Delete(0, effect.path), footprint, apply, effect)
+
     def _new_op(self) -> OpId:
         self._next_op += 1
         return OpId(self._next_op)
@@ -947,6 +968,7 @@ class FileService:
         self._begin_write(
             connection, message, self._file_write_keys(path, makes_parents=True),
             partial(self.store.write, path, message.data, message.if_version),
+            Rewrite(path, connection.holder if message.ephemeral else None),
         )  # fmt: skip
 
     def _on_delete(self, connection: Connection, message: p.Delete) -> None:
@@ -954,7 +976,7 @@ class FileService:
         path = normalize(message.path)
         self._begin_write(
             connection, message, names.keys_for_delete(path),
-            partial(self.store.delete, path, message.if_version),
+            partial(self.store.delete, path, message.if_version), Rewrite(path),
         )  # fmt: skip
 
     def _on_change_in_place(
@@ -970,7 +992,7 @@ class FileService:
         else:
             self.counters.truncates += 1
             apply = partial(self.store.truncate, path, message.size, message.if_version)
-        self._begin_write(connection, message, self._file_write_keys(path), apply)
+        self._begin_write(connection, message, self._file_write_keys(path), apply, Rewrite(path))
 
     def _on_rename(self, connection: Connection, message: p.Rename) -> None:
         self.counters.renames += 1
@@ -982,7 +1004,8 @@ class FileService:
             src_is_dir=src_facts is None or src_facts.is_dir,
             dst_exists=dst_facts is not None and dst_facts.exists,
         )  # fmt: skip
-        self._begin_write(connection, message, footprint, partial(self.store.rename, src, dst))
+        apply = partial(self.store.rename, src, dst)
+        self._begin_write(connection, message, footprint, apply, Move(src, dst))
 
     def _on_mkdir(self, connection: Connection, message: p.MkDir) -> None:
         self.counters.mkdirs += 1
@@ -1002,9 +1025,11 @@ class FileService:
         message: _WriteRequest,
         footprint: Footprint,
         apply: Callable[[], int | None],
+        ties: TieChange | DeleteTied | None = None,
     ) -> None:
-        """Queue ``message`` in the lease table; ``apply`` runs once the table allows it.
-        Its data counts against the session's max_pending_write_bytes until answered."""
+        """Queue ``message`` in the lease table; ``apply`` runs once the table allows it,
+        with its effect ``ties`` on the ephemeral files' ties. Its data counts against
+        the session's max_pending_write_bytes until answered."""
         nbytes = len(message.data) if isinstance(message, p.Write | p.WriteRange) else 0
         limit = self.settings.max_pending_write_bytes
         waiting = self._pending_bytes[connection.holder]
@@ -1014,6 +1039,8 @@ class FileService:
                 f" {nbytes} more is over the limit max_pending_write_bytes={limit}"
             )
         op = self._new_op()
+        if ties is not None:
+            apply = self.ephemeral.wrap(op, ties, apply)
         self._hold(op, _Pending(connection, message, apply, nbytes=nbytes))
         self._execute(self.table.write(op, connection.holder, footprint, trio.current_time()))
 
@@ -1105,7 +1132,8 @@ class FileService:
             connection.send(p.Error(id=message.id, code=exc.code, message=str(exc)))
             return
         apply = partial(self.store.upload_commit, upload, message.if_version)
-        self._begin_write(connection, message, self._file_write_keys(upload.path), apply)
+        tie = Rewrite(upload.path, connection.holder if message.ephemeral else None)
+        self._begin_write(connection, message, self._file_write_keys(upload.path), apply, tie)
 
     def _on_upload_abort(self, connection: Connection, message: p.UploadAbort) -> None:
         upload = connection.uploads.pop(self._upload(connection, message.upload))
@@ -1378,6 +1406,7 @@ class FileService:
         request = pending.request
         assert pending.apply is not None
         ok = False
+        self.ephemeral.applying(effect.op)
         try:
             pending.version = await self._blocking_io(pending.apply) or 0
             ok = True
@@ -1391,6 +1420,7 @@ class FileService:
             log.exception("write of %s failed", effect.path)
             pending.connection.send(p.Error(id=request.id, code="error", message=str(exc)))
         finally:
+            self.ephemeral.finished(effect.op, ok=ok)
             if ok:
                 self.counters.writes_applied += 1
             else:
