@@ -28,6 +28,11 @@ Rules:
   answers None unless the path is still tied to that session, so a file untied or
   re-tied meanwhile (by a write queued before the delete) is never deleted for the
   old session. Directories are never deleted, only the files.
+* Late ties. A write queued before its session ended may be applied after; a rename
+  may carry the tie of an ended session to a new name. A tie committed for a session
+  that is no longer live is ended as it is made (:meth:`EphemeralTable.commit`
+  returns its :class:`DeleteTied`), so no file outlives its session's end by more
+  than the time the writes before its delete take.
 * Restart. Ties are recorded durably by the caller. A new server incarnation knows
   none of the sessions of an earlier one, so every recorded tie is ended at start
   (:meth:`EphemeralTable.recovered`); those deletes wait for the restart window like
@@ -42,7 +47,7 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 
 from fscache.leases import HolderId
 
@@ -157,15 +162,22 @@ class EphemeralTable:
             return None
         return Plan({effect.path: effect.session}, {effect.path: None})
 
-    def commit(self, plan: Plan, *, ephemeral_delete: bool = False) -> None:
-        """The change ``plan`` was made for has taken effect."""
+    def commit(
+        self, plan: Plan, now: float, live: Container[HolderId], *, ephemeral_delete: bool = False
+    ) -> list[DeleteTied]:
+        """The change ``plan`` was made for has taken effect at ``now``; ``live``: the
+        sessions that have not ended. A tie made for one that has is ended at once."""
+        late = []
         for path, session in plan.after.items():
             if session is None:
                 self._ties.pop(path, None)
             else:
                 self._ties[path] = session
+                if session not in live:
+                    late.append(DeleteTied(path, session, now))
         if ephemeral_delete:
             self.deleted += 1
+        return late
 
     # ------------------------------------------------------------ sessions
     def session_ended(self, session: HolderId, now: float) -> list[DeleteTied]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 from fscache.ephemeral import NO_CHANGE, DeleteTied, EphemeralTable, Plan, TieChange
 from fscache.errors import FscacheError, NotDurable, NotFound
@@ -67,6 +67,7 @@ class Ties:
         self._store = store
         self._changes: dict[OpId, TieChange | DeleteTied] = {}  # wrapped, not yet applying
         self._plans: dict[OpId, Plan | None] = {}  # applying; None: a delete to skip
+        self._deletes: set[OpId] = set()  # applying, each a DeleteTied
 
     def recover(self, now: float) -> list[DeleteTied]:
         """The ties an earlier incarnation recorded, each ended (its session is gone)."""
@@ -116,15 +117,22 @@ class Ties:
             return
         if isinstance(change, DeleteTied):
             self._plans[op] = self.table.plan_delete(change)
+            self._deletes.add(op)
         else:
             self._plans[op] = self.table.plan(change)
 
-    def finished(self, op: OpId, *, ok: bool) -> None:
-        """Write ``op`` is done (``ok``: it took effect): commit its plan."""
+    def finished(
+        self, op: OpId, now: float, live: Container[HolderId], *, ok: bool
+    ) -> list[DeleteTied]:
+        """Write ``op`` is done (``ok``: it took effect): commit its plan. Returns the
+        deletes of ties it made for sessions no longer ``live``."""
         self._changes.pop(op, None)  # refused before it was applied
         plan = self._plans.pop(op, NO_CHANGE)
-        if ok and plan:
-            self.table.commit(plan, ephemeral_delete=not any(plan.after.values()))
+        deletes = op in self._deletes
+        self._deletes.discard(op)
+        if not ok or not plan:
+            return []
+        return self.table.commit(plan, now, live, ephemeral_delete=deletes)
 
     @staticmethod
     def _apply(change: TieChange | DeleteTied, apply: Apply) -> int | None:

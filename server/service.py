@@ -1420,12 +1420,14 @@ class FileService:
             log.exception("write of %s failed", effect.path)
             pending.connection.send(p.Error(id=request.id, code="error", message=str(exc)))
         finally:
-            self.ephemeral.finished(effect.op, ok=ok)
+            now = trio.current_time()
+            late = self.ephemeral.finished(effect.op, now, self.sessions, ok=ok)
             if ok:
                 self.counters.writes_applied += 1
             else:
                 self._release(effect.op)
-            self._execute(self.table.write_done(effect.op, trio.current_time(), ok=ok))
+            self._execute(self.table.write_done(effect.op, now, ok=ok))
+            self._delete_tied(late)
             self.store.settle()
 
     # ------------------------------------------------------------ counters

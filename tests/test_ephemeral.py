@@ -8,11 +8,12 @@ from fscache.leases import HolderId
 
 A = HolderId("e.1")
 B = HolderId("e.2")
+LIVE = {A, B}
 
 
 def apply(table: EphemeralTable, change: Rewrite | Move) -> Plan:
     plan = table.plan(change)
-    table.commit(plan)
+    assert table.commit(plan, 0.0, LIVE) == []
     return plan
 
 
@@ -100,7 +101,7 @@ def test_a_delete_for_an_ended_session_unties_and_counts() -> None:
     (delete,) = table.session_ended(A, 3.0)
     plan = table.plan_delete(delete)
     assert plan == Plan({"f": A}, {"f": None})
-    table.commit(plan, ephemeral_delete=True)
+    table.commit(plan, 4.0, LIVE, ephemeral_delete=True)
     assert table.ties() == {} and table.deleted == 1
 
 
@@ -111,3 +112,20 @@ def test_ties_recovered_at_start_are_all_ended() -> None:
     assert deletes == [DeleteTied("a", old, 0.0), DeleteTied("b/c", old, 0.0)]
     assert table.ties() == {"a": old, "b/c": old}
     assert table.next_deadline() is None
+
+
+def test_a_tie_made_for_a_session_already_ended_is_ended_as_it_is_made() -> None:
+    """An ephemeral write queued before its session ended, applied after."""
+    table = EphemeralTable()
+    plan = table.plan(Rewrite("f", A))
+    assert table.session_ended(A, 2.0) == []  # nothing tied yet
+    assert table.commit(plan, 3.0, {B}) == [DeleteTied("f", A, 3.0)]
+
+
+def test_a_rename_carrying_an_ended_sessions_tie_ends_it_at_the_new_name() -> None:
+    table = EphemeralTable()
+    apply(table, Rewrite("tmp", A))
+    (delete,) = table.session_ended(A, 2.0)
+    plan = table.plan(Move("tmp", "svc/n1"))  # queued before the delete
+    assert table.commit(plan, 3.0, {B}) == [DeleteTied("svc/n1", A, 3.0)]
+    assert table.plan_delete(delete) is None  # the old name's delete: nothing to do

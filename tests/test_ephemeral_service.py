@@ -225,3 +225,23 @@ async def test_a_restart_deletes_the_earlier_incarnations_files_after_its_window
 def service_ties(cluster: Cluster) -> dict[str, str]:
     assert cluster.service is not None
     return dict(cluster.service.ephemeral.table.ties())
+
+
+async def test_an_ephemeral_write_applied_after_its_session_ended_is_deleted_then(
+    cluster: Cluster, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("seed") as seed:
+        await seed.write("svc/n1", b"old")
+    reader = await cluster.raw("reader")
+    assert isinstance(await reader.read("svc/n1"), p.Data)
+    owner = await cluster.raw("owner")
+    await owner.send(p.Write(id=1, path="svc/n1", data=b"new", ephemeral=True))
+    request = await wait_for_approval(reader, "svc/n1")
+    await owner.send(p.Goodbye())  # the write still waits for the reader
+    await trio.sleep(1.0)
+    assert (root / "svc/n1").read_bytes() == b"old"
+    await reader.send(p.Approve(path="svc/n1", write=request.write))
+    await trio.testing.wait_all_tasks_blocked()
+    assert not (root / "svc/n1").exists()  # written, tied to an ended session: deleted
+    assert ties_on_disk(root) == []
+    assert trio.current_time() == at(1.0)
