@@ -1297,7 +1297,8 @@ class FileService:
             if effect.path.endswith("/"):  # a directory renamed: its listing is not sent
                 term = 0.0
             pending.connection.send(p.Written(id=request.id, version=pending.version, term=term))
-        if term != effect.term or isinstance(request, _NOTHING_TO_CACHE):
+        lost = not pending.connection.alive  # the reply went nowhere: nothing is cached
+        if term != effect.term or isinstance(request, _NOTHING_TO_CACHE) or lost:
             self._execute(self.table.relinquish(effect.holder, [effect.path], trio.current_time()))
 
     def _beyond_lease_limit(self, connection: Connection, *keys: str) -> float:
