@@ -58,6 +58,7 @@ import trio
 
 from fscache import protocol as p
 from fscache.cache import DEFAULT_MAX_BYTES, DirEntry, LeaseCache
+from fscache.client.watch import Change, watch
 from fscache.errors import (
     Conflict,
     FscacheError,
@@ -67,7 +68,6 @@ from fscache.errors import (
     Unavailable,
     error_for_code,
 )
-from fscache.client.watch import Change, watch
 from fscache.names import dir_key, parent
 from fscache.net import Wire, wire_for
 from fscache.paths import normalize
@@ -337,7 +337,9 @@ class Client:
         path = normalize(path)
         if not isinstance(data, bytes | bytearray | memoryview) and not hasattr(data, "read"):
             raise TypeError(f"data must be bytes or a binary file, not {type(data).__name__}")
-        if ephemeral and (offset is not None or not isinstance(data, bytes | bytearray | memoryview)):
+        if ephemeral and (
+            offset is not None or not isinstance(data, bytes | bytearray | memoryview)
+        ):
             raise ValueError("an ephemeral write replaces the whole file with bytes")
         if offset is not None:
             version = await self._write_in_place(path, data, offset, if_version)
@@ -466,7 +468,7 @@ class Client:
         link = await self._current_link()
         reply = await self._change(link, keys, partial(p.Rename, src=src, dst=dst), dst)
         assert isinstance(reply, p.Written)
-        for path in [p for p in self._ephemeral if p == src or p.startswith(src + "/")]:
+        for path in [f for f in self._ephemeral if f == src or f.startswith(src + "/")]:
             self._ephemeral[dst + path[len(src) :]] = self._ephemeral.pop(path)  # moves too
         return reply.version
 

@@ -27,6 +27,7 @@ what it watches and treats each approval request for one of its keys (seen throu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import AsyncIterator
@@ -76,31 +77,41 @@ class _Watch:
         delay = RETRY_FIRST
         while True:
             try:
-                return await (self._look_dir(last) if self.is_dir else self._look_file())
+                return await (self._look_dir(last) if self.is_dir else self._look_file(last))
             except Unavailable:
                 await trio.sleep(delay)
                 delay = min(delay * 2, LOOK_AGAIN)
 
-    async def _look_file(self) -> State:
-        version = await self._lease_file(self.path)
-        if version is not None:
-            self.keys = {self.path}
-            return {self.path: version}
-        key = dir_key(parent(self.path))  # missing: its creation changes this listing
+    async def _look_file(self, last: State) -> State:
+        try:
+            version = await self._lease_file(self.path)
+            if version is None:  # missing: its creation changes its directory's listing
+                self.keys = await self._lease_parent()
+                version = await self._lease_file(self.path)  # created meanwhile?
+        except IsADirectory:  # a directory now: watched as one
+            self.is_dir = True
+            return await self._look_dir(last)
+        if version is None:
+            return {}
+        self.keys = {self.path}
+        return {self.path: version}
+
+    async def _lease_parent(self) -> set[str]:
+        """A lease on the listing of the watched path's directory, if there is one."""
         try:
             await self.client.scandir(parent(self.path))
         except (NotFound, NotADirectory):
-            self.keys = set()
-            return {}
-        self.keys = {key}
-        version = await self._lease_file(self.path)  # created meanwhile?
-        return {} if version is None else {self.path: version}
+            return set()
+        return {dir_key(parent(self.path))}
 
     async def _look_dir(self, last: State) -> State:
         try:
             entries = await self.client.scandir(self.path)
-        except (NotFound, NotADirectory):
-            self.keys = set()
+        except NotADirectory:  # a file now: watched as one
+            self.is_dir = False
+            return await self._look_file(last)
+        except NotFound:
+            self.keys = await self._lease_parent() if self.path else set()
             return {}
         keys = {dir_key(self.path)}
         state: State = {}
@@ -109,7 +120,9 @@ class _Watch:
             if entry.is_dir:  # its own version changes with its names: not watched
                 state[child] = last.get(child, entry.version)
                 continue
-            version = await self._lease_file(child)
+            version = None
+            with contextlib.suppress(IsADirectory):  # (a directory now: seen next look)
+                version = await self._lease_file(child)
             if version is not None:
                 keys.add(child)
                 state[child] = version
@@ -123,7 +136,7 @@ class _Watch:
         if leased is None:
             try:
                 await client.read(path, offset=0, length=1)
-            except (NotFound, IsADirectory, NotADirectory):
+            except (NotFound, NotADirectory):
                 return None
             leased = client.leased(path) or await client.stat(path)  # term 0: not cached
         return leased.version
@@ -154,13 +167,10 @@ async def watch(client: Client, path: str = "", *, initial: bool = False) -> Asy
     """The changes of the file or directory ``path`` (see the module's note)."""
     path = normalize(path, allow_root=True)
     state = _Watch(client, path)
+    state.is_dir = not path  # the root; else what is there now (missing: a file, for now)
     if path:
-        try:
+        with contextlib.suppress(NotFound):
             state.is_dir = (await client.stat(path)).is_dir
-        except NotFound:
-            pass
-    else:
-        state.is_dir = True
     client.before_approval.append(state.on_approval)
     try:
         seen = await state.look({})

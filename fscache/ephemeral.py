@@ -138,10 +138,10 @@ class EphemeralTable:
         """What ``change``, applied now, does to the ties (see the rules)."""
         ties = self._ties
         if isinstance(change, Rewrite):
-            before = ties.get(change.path)
-            if before == change.session:
+            tied = ties.get(change.path)
+            if tied == change.session:
                 return NO_CHANGE
-            return Plan({change.path: before}, {change.path: change.session})
+            return Plan({change.path: tied}, {change.path: change.session})
         if not ties:
             return NO_CHANGE
         src, dst = change.src, change.dst

@@ -9,17 +9,22 @@ hold leases.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import pathlib
+import time
 
 import pytest
 import trio
 import trio.testing
 
+import fscache
 from fscache import protocol as p
 from fscache.server.ephemeral import TIE_PREFIX
 from fscache.server.service import FileService
 
 from .harness import Cluster, RawPeer, run_inline
+from .test_faults import server_process
 
 TERM = 10.0
 SKEW = 0.1
@@ -245,3 +250,42 @@ async def test_an_ephemeral_write_applied_after_its_session_ended_is_deleted_the
     assert not (root / "svc/n1").exists()  # written, tied to an ended session: deleted
     assert ties_on_disk(root) == []
     assert trio.current_time() == at(1.0)
+
+
+# ---------------------------------------------------------------- a real restart
+@pytest.mark.slow
+async def test_a_server_killed_and_restarted_deletes_the_files_of_sessions_it_cannot_know(
+    root: pathlib.Path,
+) -> None:
+    """Real processes and a real clock: order and lower bounds only. One client
+    stays through the restart and writes its registration again in its new session;
+    the other is gone, and its file goes once the restart window is over."""
+    term = skew = 0.5
+    async with (
+        server_process(root, term=term, skew=skew) as first,
+        fscache.open_client("127.0.0.1", first.port) as staying,
+    ):
+        await staying.write("svc/staying", b"a", ephemeral=True)
+        old_session = staying.session_id
+        async with fscache.open_client("127.0.0.1", first.port) as gone:
+            await gone.write("svc/gone", b"b", ephemeral=True)
+            await first.child.kill()  # SIGKILL, with both sessions open
+        async with server_process(root, port=first.port, term=term, skew=skew) as second:
+            with trio.fail_after(30):
+                while (root / "svc/gone").exists():
+                    await trio.sleep(0.05)
+            assert time.monotonic() - second.spawned_at >= term + skew  # the restart window
+            with trio.fail_after(30):  # written again, tied to the client's new session
+                while tie_sessions(root) != {"svc/staying": staying.session_id}:
+                    await trio.sleep(0.05)
+            assert staying.session_id != old_session
+            assert await staying.read("svc/staying") == b"a"
+
+
+def tie_sessions(root: pathlib.Path) -> dict[str, str]:
+    ties = {}
+    for name in ties_on_disk(root):
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            record = json.loads((root / ".fscache" / name).read_bytes())
+            ties[record["path"]] = record["session"]
+    return ties

@@ -231,5 +231,7 @@ class EphemeralMachine(RuleBasedStateMachine):
         assert not [p for p, s in self.model_ties.items() if s in self.ended]
 
 
-EphemeralMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+EphemeralMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)
 TestEphemeral = EphemeralMachine.TestCase
