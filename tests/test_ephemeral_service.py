@@ -23,27 +23,24 @@ from fscache import protocol as p
 from fscache.server.ephemeral import TIE_PREFIX
 from fscache.server.service import FileService
 
+from . import test_sessions_service
 from .harness import Cluster, RawPeer, run_inline
 from .test_faults import server_process
+from .test_sessions_service import SKEW, TERM, TTL, at
 
-TERM = 10.0
-SKEW = 0.1
-TTL = 7.0
-
-
-def at(value: float) -> object:
-    return pytest.approx(value, abs=1e-9)
-
-
-@pytest.fixture
-async def cluster(nursery: trio.Nursery, root: pathlib.Path) -> Cluster:
-    cluster = Cluster(nursery, root, term=TERM, skew=SKEW, session_ttl=TTL)
-    await cluster.start()
-    return cluster
+cluster = test_sessions_service.cluster  # the fixture: term 10 s, skew 0.1 s, session TTL 7 s
 
 
 def ties_on_disk(root: pathlib.Path) -> list[str]:
     return [n.name for n in (root / ".fscache").iterdir() if n.name.startswith(TIE_PREFIX)]
+
+
+async def deleted_at(file: pathlib.Path, instant: float) -> None:
+    """``file`` is there until ``instant`` (virtual time) and gone just after."""
+    await trio.sleep_until(instant - 0.001)
+    assert file.exists()
+    await trio.sleep(0.002)
+    assert not file.exists()
 
 
 async def register(peer: RawPeer, path: str, data: bytes = b"addr", request_id: int = 1) -> None:
@@ -106,10 +103,7 @@ async def test_a_crashed_writers_own_lease_is_waited_out_too(
     owner = await cluster.raw("owner")
     await register(owner, "svc/n1")
     await owner.close()
-    await trio.sleep_until(TERM + SKEW - 0.001)
-    assert (root / "svc/n1").exists()
-    await trio.sleep(0.002)
-    assert not (root / "svc/n1").exists()
+    await deleted_at(root / "svc/n1", TERM + SKEW)
 
 
 async def test_a_silent_reader_is_waited_out_before_the_delete(
@@ -123,22 +117,7 @@ async def test_a_silent_reader_is_waited_out_before_the_delete(
     granted_at = trio.current_time()
     await owner.send(p.Goodbye())
     await wait_for_approval(reader, "svc/n1")  # and never answered
-    await trio.sleep_until(granted_at + TERM + SKEW - 0.001)
-    assert (root / "svc/n1").exists()
-    await trio.sleep(0.002)
-    assert not (root / "svc/n1").exists()
-
-
-async def test_a_plain_write_by_anyone_unties_the_file(
-    cluster: Cluster, root: pathlib.Path, autojump_clock: trio.testing.MockClock
-) -> None:
-    async with cluster.client("other") as other:
-        async with cluster.client("reg") as reg:
-            await reg.write("svc/n1", b"a", ephemeral=True)
-            await other.write("svc/n1", b"durable now")
-        await trio.testing.wait_all_tasks_blocked()
-        assert (root / "svc/n1").read_bytes() == b"durable now"
-        assert ties_on_disk(root) == []
+    await deleted_at(root / "svc/n1", granted_at + TERM + SKEW)
 
 
 @pytest.mark.parametrize("how", ["truncate", "range", "delete-then-plain"])
@@ -159,17 +138,19 @@ async def test_a_truncate_ranged_write_or_delete_by_the_same_session_unties(
     assert ties_on_disk(root) == []
 
 
-async def test_an_ephemeral_write_by_another_session_reties_the_file(
-    cluster: Cluster, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+@pytest.mark.parametrize("ephemeral", [False, True])
+async def test_a_write_by_another_session_unties_or_reties_the_file(
+    cluster: Cluster, root: pathlib.Path, autojump_clock: trio.testing.MockClock, ephemeral: bool
 ) -> None:
-    async with cluster.client("b") as b:
-        async with cluster.client("a") as a:
-            await a.write("leader", b"a", ephemeral=True)
-            await b.write("leader", b"b", ephemeral=True)
+    async with cluster.client("other") as other:
+        async with cluster.client("reg") as reg:
+            await reg.write("leader", b"reg", ephemeral=True)
+            await other.write("leader", b"other", ephemeral=ephemeral)
         await trio.testing.wait_all_tasks_blocked()
-        assert (root / "leader").read_bytes() == b"b"  # a's end deleted nothing
+        assert (root / "leader").read_bytes() == b"other"  # reg's end deleted nothing
+        assert len(ties_on_disk(root)) == ephemeral
     await trio.testing.wait_all_tasks_blocked()
-    assert not (root / "leader").exists()
+    assert (root / "leader").exists() != ephemeral  # re-tied: gone with the other's session
 
 
 async def test_a_rename_moves_the_tie_with_the_file(
@@ -220,10 +201,7 @@ async def test_a_restart_deletes_the_earlier_incarnations_files_after_its_window
     started = trio.current_time()
     await nursery.start(second.run_engine)
     assert second.restart_window == at(TERM + SKEW)
-    await trio.sleep_until(started + TERM + SKEW - 0.001)
-    assert (root / "svc/n1").exists()
-    await trio.sleep(0.002)
-    assert not (root / "svc/n1").exists()
+    await deleted_at(root / "svc/n1", started + TERM + SKEW)
     assert ties_on_disk(root) == []
 
 

@@ -25,22 +25,12 @@ from fscache import Change
 from fscache.client.client import Client
 from fscache.server.service import FileService, ServerSettings, serve
 
+from . import test_sessions_service
 from .harness import Cluster
 from .test_faults import Child, child
+from .test_sessions_service import TERM, TTL, at
 
-TERM = 10.0
-SKEW = 0.1
-
-
-def at(value: float) -> object:
-    return pytest.approx(value, abs=1e-9)
-
-
-@pytest.fixture
-async def cluster(nursery: trio.Nursery, root: pathlib.Path) -> Cluster:
-    cluster = Cluster(nursery, root, term=TERM, skew=SKEW, session_ttl=TERM + SKEW)
-    await cluster.start()
-    return cluster
+cluster = test_sessions_service.cluster  # the fixture: term 10 s, skew 0.1 s, session TTL 7 s
 
 
 class Seen:
@@ -182,7 +172,7 @@ async def test_a_registration_comes_back_after_its_session_expired(
         cluster.refuse = True
         await cluster.cut("reg")
         assert kinds(await seen.next()) == [("deleted", "svc/n1")]
-        assert trio.current_time() >= TERM + SKEW  # its session's TTL
+        assert trio.current_time() >= TTL
         cluster.refuse = False
         assert kinds(await seen.next()) == [("created", "svc/n1")]
         assert (root / "svc/n1").read_bytes() == b"10.0.0.5:8080"
