@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Literal
 
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Change", "watch"]
 
-LOOK_AGAIN = 1.0  # s: with no lease to time a renewal (term 0, nothing there), look this often
+LOOK_AGAIN = 1.0  # s: a key without a lease (term 0, nothing there) is looked at this often
 RETRY_FIRST = 0.05  # s: a look that failed is retried after this, doubling up to LOOK_AGAIN
 
 State = dict[str, int]  # path: version, of each file (or directory) watched
@@ -143,9 +142,9 @@ class _Watch:
 
     async def wait(self) -> None:
         """Until an approval request for a watched key, or the first lease runs out."""
-        remaining = [self.client.lease_remaining(key) for key in self.keys]
-        due = min((r for r in remaining if r > 0), default=LOOK_AGAIN)
-        with trio.move_on_after(due if math.isfinite(due) else LOOK_AGAIN):
+        remaining = (self.client.lease_remaining(key) for key in self.keys)
+        due = min((r if r > 0 else LOOK_AGAIN for r in remaining), default=LOOK_AGAIN)
+        with trio.move_on_after(due):
             await self.woken.wait()
         self.woken = trio.Event()
 
