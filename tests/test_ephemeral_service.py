@@ -10,6 +10,7 @@ hold leases.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import pathlib
 import time
@@ -22,6 +23,7 @@ import fscache
 from fscache import protocol as p
 from fscache.server.ephemeral import TIE_PREFIX
 from fscache.server.service import FileService
+from fscache.settings import CHUNK_SIZE
 
 from . import test_sessions_service
 from .harness import Cluster, RawPeer, run_inline
@@ -162,6 +164,7 @@ async def test_a_rename_moves_the_tie_with_the_file(
         await reg.rename("tmp/n1", "svc/n1")
         await reg.rename("tmp", "old")  # nothing tied below: nothing moves
         assert service_ties(cluster) == {"svc/n1": reg.session_id}
+        assert reg._ephemeral == {"svc/n1": b"addr"}  # what it would write again
     await trio.testing.wait_all_tasks_blocked()
     assert not (root / "svc/n1").exists() and (root / "svc").is_dir()
     assert ties_on_disk(root) == []
@@ -267,3 +270,17 @@ def tie_sessions(root: pathlib.Path) -> dict[str, str]:
             record = json.loads((root / ".fscache" / name).read_bytes())
             ties[record["path"]] = record["session"]
     return ties
+
+
+async def test_a_streamed_ephemeral_write_is_tied_like_a_whole_one(
+    cluster: Cluster, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    big = b"x" * (CHUNK_SIZE + 1)
+    async with cluster.client("reg") as reg:
+        await reg.mkdir("svc")  # an upload's directory must exist
+        await reg.write("svc/big", big, ephemeral=True)  # an upload, committed ephemeral
+        assert service_ties(cluster) == {"svc/big": reg.session_id}
+        with pytest.raises(ValueError):
+            await reg.write("svc/big", io.BytesIO(big), ephemeral=True)  # kept: bytes only
+    await trio.testing.wait_all_tasks_blocked()
+    assert not (root / "svc/big").exists()

@@ -23,12 +23,13 @@ import trio.testing
 import fscache
 from fscache import Change
 from fscache.client.client import Client
+from fscache.client.watch import LOOK_AGAIN
 from fscache.server.service import FileService, ServerSettings, serve
 
 from . import test_sessions_service
 from .harness import Cluster
 from .test_faults import Child, child
-from .test_sessions_service import TERM, TTL, at
+from .test_sessions_service import SKEW, TERM, TTL, at
 
 cluster = test_sessions_service.cluster  # the fixture: term 10 s, skew 0.1 s, session TTL 7 s
 
@@ -237,3 +238,20 @@ async def test_a_service_registry_sees_a_killed_member_go_after_the_ttl(
         assert second == Change("deleted", "services/api/killed", None)  # its TTL
         assert deleted_at - killed_at >= ttl
         assert await c.listdir("services/api") == []
+
+
+async def test_a_write_shared_file_without_leases_is_looked_at_every_second(
+    nursery: trio.Nursery, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    shared = Cluster(nursery, root, term=TERM, skew=SKEW, hot_writes=2)
+    await shared.start()
+    async with shared.client("writer") as writer:
+        for n in range(2):
+            await writer.write("hot", b"%d" % n)  # written twice in a term: term 0
+        async with watching(shared, "hot") as (watcher, seen):
+            assert watcher.lease_remaining("hot") == 0.0
+            await trio.sleep(0.5)
+            version = await writer.write("hot", b"new")
+            ((when, change),) = await seen.next()
+            assert change == Change("modified", "hot", version)
+            assert 0.5 < when <= 0.5 + LOOK_AGAIN
