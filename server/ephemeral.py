@@ -24,6 +24,7 @@ before it was applied deletes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -92,18 +93,20 @@ class Ties:
                 return None  # untied or re-tied since the session ended
             if not plan:
                 return apply()
-            for path, session in plan.after.items():  # new ties first ...
-                if session is not None:
-                    self._set(path, session)
+            try:
+                for path, session in plan.after.items():  # new ties first ...
+                    if session is not None:
+                        self._set(path, session)
+            except FscacheError as exc:  # NotDurable too: the change itself is not made
+                self._restore(plan)
+                raise FscacheError(f"the ephemeral tie could not be recorded: {exc}") from exc
             try:
                 version = self._apply(change, apply)
             except NotDurable:  # it took effect
                 self._remove_untied(plan)
                 raise
             except BaseException:  # it did not: the ties on disk as they were
-                for path, session in plan.after.items():
-                    if session is not None:
-                        self._set(path, plan.before[path])
+                self._restore(plan)
                 raise
             self._remove_untied(plan)  # ... old ones after
             return version
@@ -126,7 +129,6 @@ class Ties:
     ) -> list[DeleteTied]:
         """Write ``op`` is done (``ok``: it took effect): commit its plan. Returns the
         deletes of ties it made for sessions no longer ``live``."""
-        self._changes.pop(op, None)  # refused before it was applied
         plan = self._plans.pop(op, NO_CHANGE)
         deletes = op in self._deletes
         self._deletes.discard(op)
@@ -142,6 +144,13 @@ class Ties:
             return apply()
         except NotFound:  # tied before a write that never happened (a crash between)
             return None
+
+    def _restore(self, plan: Plan) -> None:
+        """Put back on disk the ties ``plan`` recorded ahead of a change not made."""
+        for path, session in plan.after.items():
+            if session is not None:
+                with contextlib.suppress(FscacheError):
+                    self._set(path, plan.before[path])
 
     def _remove_untied(self, plan: Plan) -> None:
         for path, session in plan.after.items():

@@ -284,3 +284,19 @@ async def test_a_streamed_ephemeral_write_is_tied_like_a_whole_one(
             await reg.write("svc/big", io.BytesIO(big), ephemeral=True)  # kept: bytes only
     await trio.testing.wait_all_tasks_blocked()
     assert not (root / "svc/big").exists()
+
+
+async def test_a_change_that_fails_leaves_the_ties_as_they_were(
+    cluster: Cluster, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("reg") as reg:
+        with pytest.raises(fscache.Conflict):
+            await reg.write("f", b"x", ephemeral=True, if_version=12345)
+        assert ties_on_disk(root) == [] and service_ties(cluster) == {}
+        version = await reg.write("g", b"x", ephemeral=True)
+        with pytest.raises(fscache.Conflict):
+            await reg.write("g", b"plain", if_version=version + 1)  # would untie
+        with pytest.raises(fscache.NotFound):
+            await reg.rename("missing", "g")  # would replace it and its tie
+        assert tie_sessions(root) == service_ties(cluster) == {"g": reg.session_id}
+        assert reg._ephemeral == {"g": b"x"}
