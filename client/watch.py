@@ -17,6 +17,11 @@ what it watches and treats each approval request for one of its keys (seen throu
   has: the client's copy is no longer trusted, so the read revalidates it with its
   version (a not-modified reply). A change made while no lease was held is found by
   that same look.
+* Every second at least (:data:`LOOK_AGAIN`) the watcher looks again anyway. While
+  its leases hold, that look is answered from the client's cache and sends nothing;
+  it finds what no approval request announces: this client's own writes (a writer
+  is never asked to approve its own write, it drops its copies) and keys with no
+  lease (term 0: a write-shared file; a key whose lease was refused).
 * The last state is never missed. Each look compares the state it reads with the
   last one reported and reports the difference: a file created, modified (a new
   version) or deleted. Changes between two looks are folded into one (as ZooKeeper
@@ -43,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Change", "watch"]
 
-LOOK_AGAIN = 1.0  # s: a key without a lease (term 0, nothing there) is looked at this often
+LOOK_AGAIN = 1.0  # s: looked at at least this often (from the cache while leases hold)
 RETRY_FIRST = 0.05  # s: a look that failed is retried after this, doubling up to LOOK_AGAIN
 
 State = dict[str, int]  # path: version, of each file (or directory) watched
@@ -141,10 +146,11 @@ class _Watch:
         return leased.version
 
     async def wait(self) -> None:
-        """Until an approval request for a watched key, or the first lease runs out."""
+        """Until an approval request for a watched key, the first lease runs out, or
+        LOOK_AGAIN has passed."""
         remaining = (self.client.lease_remaining(key) for key in self.keys)
-        due = min((r if r > 0 else LOOK_AGAIN for r in remaining), default=LOOK_AGAIN)
-        with trio.move_on_after(due):
+        due = min((r for r in remaining if r > 0), default=LOOK_AGAIN)
+        with trio.move_on_after(min(due, LOOK_AGAIN)):
             await self.woken.wait()
         self.woken = trio.Event()
 

@@ -99,6 +99,9 @@ async def test_a_watch_renews_its_leases_and_sees_a_change_many_terms_later_at_o
         async with watching(cluster, "conf/a") as (_, seen):
             await trio.sleep(5 * TERM + 3.0)
             assert seen.changes == []  # revalidations reported nothing
+            assert cluster.service is not None
+            stats = cluster.service.stats()  # the first read and one renewal a term; the
+            assert (stats["range_reads"], stats["reads_not_modified"]) == (6, 5)  # rest: cache
             v2 = await writer.write("conf/a", b"2")
             assert await seen.next() == [(at(5 * TERM + 3.0), Change("modified", "conf/a", v2))]
 
@@ -255,3 +258,15 @@ async def test_a_write_shared_file_without_leases_is_looked_at_every_second(
             ((when, change),) = await seen.next()
             assert change == Change("modified", "hot", version)
             assert 0.5 < when <= 0.5 + LOOK_AGAIN
+
+
+async def test_the_watching_clients_own_writes_are_seen_within_a_second(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The writer is never asked to approve its own write: the watcher finds it when
+    it looks again, as for a key it holds no lease on."""
+    async with watching(cluster, "svc") as (watcher, seen):
+        version = await watcher.write("svc/mine", b"1")
+        ((when, change),) = await seen.next()
+        assert change == Change("created", "svc/mine", version)
+        assert 0.0 < when <= LOOK_AGAIN
