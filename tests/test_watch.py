@@ -100,8 +100,9 @@ async def test_a_watch_renews_its_leases_and_sees_a_change_many_terms_later_at_o
             await trio.sleep(5 * TERM + 3.0)
             assert seen.changes == []  # revalidations reported nothing
             assert cluster.service is not None
-            stats = cluster.service.stats()  # the first read and one renewal a term; the
-            assert (stats["range_reads"], stats["reads_not_modified"]) == (6, 5)  # rest: cache
+            stats = cluster.service.stats()
+            # the first read, then one not-modified renewal a term; the other looks: cache
+            assert (stats["range_reads"], stats["reads_not_modified"]) == (6, 5)
             v2 = await writer.write("conf/a", b"2")
             assert await seen.next() == [(at(5 * TERM + 3.0), Change("modified", "conf/a", v2))]
 
