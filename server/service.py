@@ -1454,6 +1454,8 @@ class FileService:
             "sessions_refused": self.sessions.refused,
             "sessions_expired": self.sessions.expired,
             "session_ttl": self.sessions.ttl,
+            "ephemeral_files": len(self.ephemeral.table),
+            "ephemeral_deleted": self.ephemeral.table.deleted,
         }
 
     def shutdown(self) -> int:

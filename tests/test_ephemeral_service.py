@@ -69,6 +69,9 @@ async def test_a_goodbye_deletes_the_sessions_files_at_once(
     assert not (root / "svc/n1").exists()
     assert (root / "svc/plain").exists() and (root / "svc").is_dir()  # only the files go
     assert ties_on_disk(root) == []
+    assert cluster.service is not None
+    stats = cluster.service.stats()
+    assert (stats["ephemeral_files"], stats["ephemeral_deleted"]) == (0, 1)
     assert trio.current_time() == at(0.0)
 
 
