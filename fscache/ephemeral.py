@@ -52,6 +52,7 @@ from collections.abc import Container, Iterable, Mapping
 from fscache.leases import HolderId
 
 __all__ = [
+    "NO_CHANGE",
     "DeleteTied",
     "EphemeralTable",
     "Move",
@@ -114,6 +115,7 @@ def _below(path: str, prefix: str) -> bool:
 class EphemeralTable:
     def __init__(self) -> None:
         self._ties: dict[str, HolderId] = {}  # path: the session it is tied to
+        self._by_session: dict[HolderId, set[str]] = {}  # the same ties, by session
         self.deleted = 0  # ephemeral files deleted at their session's end (reported)
 
     # ------------------------------------------------------------ queries
@@ -145,8 +147,8 @@ class EphemeralTable:
         if not ties:
             return NO_CHANGE
         src, dst = change.src, change.dst
-        moved = {p: s for p, s in list(ties.items()) if _below(p, src)}
-        replaced = {p: s for p, s in list(ties.items()) if _below(p, dst)}
+        moved = {p: s for p, s in ties.items() if _below(p, src)}
+        replaced = {p: s for p, s in ties.items() if _below(p, dst)}
         after: dict[str, HolderId | None] = dict.fromkeys(moved)
         after.update(dict.fromkeys(replaced))
         for path, session in moved.items():
@@ -169,10 +171,9 @@ class EphemeralTable:
         sessions that have not ended. A tie made for one that has is ended at once."""
         late = []
         for path, session in plan.after.items():
-            if session is None:
-                self._ties.pop(path, None)
-            else:
-                self._ties[path] = session
+            self._untie(path)
+            if session is not None:
+                self._tie(path, session)
                 if session not in live:
                     late.append(DeleteTied(path, session, now))
         if ephemeral_delete:
@@ -182,13 +183,26 @@ class EphemeralTable:
     # ------------------------------------------------------------ sessions
     def session_ended(self, session: HolderId, now: float) -> list[DeleteTied]:
         """``session`` ended at ``now``: delete each file tied to it."""
-        return [DeleteTied(p, s, now) for p, s in self._ties.items() if s == session]
+        return [DeleteTied(p, session, now) for p in sorted(self._by_session.get(session, ()))]
 
     def recovered(self, ties: Iterable[tuple[str, HolderId]], now: float) -> list[DeleteTied]:
         """A new incarnation starts with the ties an earlier one recorded: their sessions
         are gone, so each file is deleted."""
         effects = []
         for path, session in ties:
-            self._ties[path] = session
+            self._tie(path, session)
             effects.append(DeleteTied(path, session, now))
         return effects
+
+    # ------------------------------------------------------------ internals
+    def _tie(self, path: str, session: HolderId) -> None:
+        self._ties[path] = session
+        self._by_session.setdefault(session, set()).add(path)
+
+    def _untie(self, path: str) -> None:
+        session = self._ties.pop(path, None)
+        if session is not None:
+            paths = self._by_session[session]
+            paths.discard(path)
+            if not paths:
+                del self._by_session[session]

@@ -205,6 +205,9 @@ class EphemeralMachine(RuleBasedStateMachine):
     def ties_follow_the_rules(self) -> None:  # (a)
         assert self.ties.ties() == self.model_ties
         assert self.model_ties.keys() <= self.files.keys()
+        for session in {*self.sessions, *self.ended}:
+            tied = sorted(p for p, s in self.model_ties.items() if s == session)
+            assert [d.path for d in self.ties.session_ended(session, self.now)] == tied
 
     @invariant()
     def every_file_of_an_ended_session_has_its_delete_waiting(self) -> None:  # (b)
