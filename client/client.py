@@ -38,6 +38,11 @@ answering pings while requests wait), every waiting request fails with
 :class:`Unavailable`, entries stay trusted until their expiry, and a background
 task reconnects with exponential backoff. The server re-sends approval requests
 we may have missed when we come back.
+
+Ephemeral files this client wrote are remembered (path and data) until it deletes
+or overwrites them otherwise; when a welcome says the session is a new one (the
+server restarted, or the old session expired), they are written again, ephemeral,
+in the new session. Watches (:mod:`fscache.client.watch`) are lease holders too.
 """
 
 from __future__ import annotations
