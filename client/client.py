@@ -41,8 +41,9 @@ we may have missed when we come back.
 
 Ephemeral files this client wrote are remembered (path and data) until it deletes
 or overwrites them otherwise; when a welcome says the session is a new one (the
-server restarted, or the old session expired), they are written again, ephemeral,
-in the new session. Watches (:mod:`fscache.client.watch`) are lease holders too.
+server restarted, or the old session expired), each is written again, ephemeral,
+in the new session, unless another session has written the path since. Watches
+(:mod:`fscache.client.watch`) are lease holders too.
 """
 
 from __future__ import annotations
@@ -338,7 +339,8 @@ class Client:
         ``ephemeral``: the file lives as long as this client's session (bytes only, no
         ``offset``). The client keeps ``data`` and writes it again, ephemeral, whenever
         it is given a new session (the server restarted, or the old session expired),
-        so the file lasts as long as this client, until it deletes or overwrites it."""
+        so the file lasts as long as this client, until it deletes or overwrites it
+        (or another session writes the path: then that write stands)."""
         path = normalize(path)
         if not isinstance(data, bytes | bytearray | memoryview) and not hasattr(data, "read"):
             raise TypeError(f"data must be bytes or a binary file, not {type(data).__name__}")
@@ -1230,15 +1232,19 @@ class Client:
 
     async def _write_ephemeral_again(self) -> None:
         """A new session: the files our old one tied are deleted (or will be) with it.
-        Write each again, ephemeral; a lost connection leaves the rest to the next."""
+        Write each again, ephemeral, where it is gone (``if_version=0``: applied after
+        the old session's delete, which arrived first); one written since by another
+        session stands and is forgotten. A lost connection leaves the rest to the next."""
         for path, data in list(self._ephemeral.items()):
             if self._ephemeral.get(path) is not data:
                 continue  # changed meanwhile
             try:
-                await self.write(path, data, ephemeral=True)
+                await self.write(path, data, ephemeral=True, if_version=0)
             except Unavailable:
                 return
             except FscacheError as exc:
+                if self._ephemeral.get(path) is data:
+                    del self._ephemeral[path]
                 log.warning("ephemeral %s not written again: %s", path, exc)
         self._write_again = False
 

@@ -271,3 +271,19 @@ async def test_the_watching_clients_own_writes_are_seen_within_a_second(
         ((when, change),) = await seen.next()
         assert change == Change("created", "svc/mine", version)
         assert 0.0 < when <= LOOK_AGAIN
+
+
+async def test_a_registration_overwritten_by_another_session_is_not_written_again(
+    cluster: Cluster, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("reg") as reg, cluster.client("other") as other:
+        await reg.write("svc/n1", b"mine", ephemeral=True)
+        cluster.refuse = True
+        await cluster.cut("reg")
+        await other.write("svc/n1", b"theirs")  # untied: it outlives reg's session
+        await trio.sleep(TERM + SKEW)  # reg's session has expired
+        cluster.refuse = False
+        with trio.fail_after(TERM):
+            while reg._ephemeral:  # forgotten once its compare-and-set fails
+                await trio.sleep(0.1)
+        assert (root / "svc/n1").read_bytes() == b"theirs"
