@@ -47,6 +47,12 @@ them into :class:`~fscache.errors.Unavailable`, which ends that connection alone
 A restart is timed by one record in the store's state directory
 (:func:`begin_incarnation`): writes wait out the previous incarnation's leases
 unless it stopped cleanly with none live.
+
+Ephemeral files (:mod:`fscache.ephemeral`): every change of a file carries its
+effect on the ties, which :class:`~fscache.server.ephemeral.Ties` plans when the
+table applies it and records around its store call. When a session ends (a
+goodbye, an expiry) and at start (for the ties of an earlier incarnation) the files
+to delete become deletes queued by the server's own connection, which sends nothing.
 """
 
 from __future__ import annotations
