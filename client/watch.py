@@ -27,7 +27,8 @@ what it watches and treats each approval request for one of its keys (seen throu
   version) or deleted. Changes between two looks are folded into one (as ZooKeeper
   and etcd compaction fold them), but the last state is always reported. A look that
   fails because the connection is lost is retried until it succeeds, so after a
-  reconnect what changed meanwhile is reported.
+  reconnect what changed meanwhile is reported. Any other error (the client closed,
+  access refused) ends the watch with that error.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Literal
 
 import trio
 
-from fscache.errors import FscacheError, IsADirectory, NotADirectory, NotFound, Unavailable
+from fscache.errors import Conflict, IsADirectory, NotADirectory, NotFound, Unavailable
 from fscache.names import dir_key, parent
 from fscache.paths import normalize
 
@@ -186,7 +187,7 @@ async def watch(client: Client, path: str = "", *, initial: bool = False) -> Asy
             await state.wait()
             try:
                 now = await state.look(seen)
-            except FscacheError:
+            except Conflict:  # a directory that kept changing while it was listed
                 continue
             for change in _changes(seen, now):
                 yield change

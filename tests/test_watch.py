@@ -287,3 +287,21 @@ async def test_a_registration_overwritten_by_another_session_is_not_written_agai
             while reg._ephemeral:  # forgotten once its compare-and-set fails
                 await trio.sleep(0.1)
         assert (root / "svc/n1").read_bytes() == b"theirs"
+
+
+async def test_a_watch_ends_with_an_error_when_its_client_closes(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    ended: list[tuple[float, str]] = []
+
+    async def run(client: Client) -> None:
+        with pytest.raises(fscache.FscacheError) as error:
+            async for _ in client.watch("svc"):
+                pass
+        ended.append((trio.current_time(), str(error.value)))
+
+    async with trio.open_nursery() as nursery, cluster.client("watcher") as watcher:
+        nursery.start_soon(run, watcher)
+        await trio.sleep(2.0)
+    ((when, error),) = ended
+    assert error == "client is closed" and 2.0 <= when <= 2.0 + LOOK_AGAIN
