@@ -38,6 +38,12 @@ answering pings while requests wait), every waiting request fails with
 :class:`Unavailable`, entries stay trusted until their expiry, and a background
 task reconnects with exponential backoff. The server re-sends approval requests
 we may have missed when we come back.
+
+Ephemeral files this client wrote are remembered (path and data) until it deletes
+or overwrites them otherwise; when a welcome says the session is a new one (the
+server restarted, or the old session expired), each is written again, ephemeral,
+in the new session, unless another session has written the path since. Watches
+(:mod:`fscache.client.watch`) are lease holders too.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ import trio
 from fscache import protocol as p
 from fscache.cache import DEFAULT_MAX_BYTES, DirEntry, LeaseCache
 from fscache.client import locks
+from fscache.client.watch import Change, watch
 from fscache.errors import (
     Conflict,
     FscacheError,
@@ -272,6 +279,8 @@ class Client:
         self.before_approval: list[Callable[[str], Awaitable[None]]] = []
         self._counters = ClientCounters()
         self._lock_watches = locks.LockWatches()
+        self._ephemeral: dict[str, bytes] = {}  # path: data, written again in a new session
+        self._write_again = False  # a new session came; not all of _ephemeral written yet
 
     # ------------------------------------------------------------ public API
     async def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
@@ -320,6 +329,7 @@ class Client:
         if_version: int | None = None,
         offset: int | None = None,
         fence: Fencing = None,
+        ephemeral: bool = False,
     ) -> int:
         """Write ``data`` (bytes, or a binary file object read chunk by chunk) to
         ``path`` durably; returns the new version. Waits until every other cache
@@ -331,30 +341,55 @@ class Client:
         place at ``offset`` (the file is created if missing), one chunk per request:
         only each chunk is atomic. ``if_version``: compare-and-set. ``fence``: a lock
         (or its ``(name, token)``) whose token must still be the newest when the write
-        is applied, else :class:`Conflict` (so for every change below)."""
+        is applied, else :class:`Conflict` (so for every change below).
+
+        ``ephemeral``: the file lives as long as this client's session (bytes only, no
+        ``offset``). The client keeps ``data`` and writes it again, ephemeral, whenever
+        it is given a new session (the server restarted, or the old session expired),
+        so the file lasts as long as this client, until it deletes or overwrites it
+        (or another session writes the path: then that write stands)."""
         path = normalize(path)
         fenced = locks.fence_of(fence)
         if not isinstance(data, bytes | bytearray | memoryview) and not hasattr(data, "read"):
             raise TypeError(f"data must be bytes or a binary file, not {type(data).__name__}")
+        if ephemeral and (
+            offset is not None or not isinstance(data, bytes | bytearray | memoryview)
+        ):
+            raise ValueError("an ephemeral write replaces the whole file with bytes")
         if offset is not None:
-            return await self._write_in_place(path, data, offset, if_version, fenced)
-        if isinstance(data, bytes | bytearray | memoryview) and len(data) <= CHUNK_SIZE:
-            return await self._write_whole(path, bytes(data), if_version, fenced)
-        next_part = _parts(data)
-        first = await next_part()
-        second = await next_part()
-        if not second:  # a file of one chunk at most: one write, as for bytes
-            return await self._write_whole(path, first, if_version, fenced)
-        return await self._upload(path, _chain((first, second), next_part), if_version, fenced)
+            version = await self._write_in_place(path, data, offset, if_version, fenced)
+        elif isinstance(data, bytes | bytearray | memoryview) and len(data) <= CHUNK_SIZE:
+            version = await self._write_whole(path, bytes(data), if_version, fenced, ephemeral)
+        else:
+            next_part = _parts(data)
+            first = await next_part()
+            second = await next_part()
+            if not second:  # a file of one chunk at most: one write, as for bytes
+                version = await self._write_whole(path, first, if_version, fenced, ephemeral)
+            else:
+                parts = _chain((first, second), next_part)
+                version = await self._upload(path, parts, if_version, fenced, ephemeral)
+        self._ephemeral.pop(path, None)
+        if ephemeral:
+            assert isinstance(data, bytes | bytearray | memoryview)
+            self._ephemeral[path] = bytes(data)
+        return version
 
     async def _write_whole(
-        self, path: str, data: bytes, if_version: int | None, fence: p.Fence | None
+        self,
+        path: str,
+        data: bytes,
+        if_version: int | None,
+        fence: p.Fence | None,
+        ephemeral: bool = False,
     ) -> int:
         link = await self._current_link()
         if len(data) > link.welcome.max_frame - 1024:
             raise TooLarge(f"{len(data)} bytes is over the server's limit")
         self._counters.writes += 1
-        write = partial(p.Write, path=path, data=data, if_version=if_version, fence=fence)
+        write = partial(
+            p.Write, path=path, data=data, if_version=if_version, fence=fence, ephemeral=ephemeral
+        )
         reply = await self._change(link, _with_parent(path), write, path)
         assert isinstance(reply, p.Written)
         return reply.version
@@ -365,6 +400,7 @@ class Client:
         next_part: Callable[[], Awaitable[bytes]],
         if_version: int | None,
         fence: p.Fence | None,
+        ephemeral: bool = False,
     ) -> int:
         """Send the parts ``next_part`` gives as an upload: begin, parts (IN_FLIGHT at
         most), commit; abort on any error or cancellation before the commit's reply."""
@@ -391,7 +427,13 @@ class Client:
                 sent += len(part)
             while parts:
                 await self._finish(link, parts.popleft())
-            commit = partial(p.UploadCommit, upload=upload, if_version=if_version, fence=fence)
+            commit = partial(
+                p.UploadCommit,
+                upload=upload,
+                if_version=if_version,
+                fence=fence,
+                ephemeral=ephemeral,
+            )
             reply = await self._change(link, _with_parent(path), commit, path)
         except BaseException:
             with (
@@ -447,6 +489,7 @@ class Client:
         )
         reply = await self._change(link, _with_parent(path), truncate, path)
         assert isinstance(reply, p.Written)
+        self._ephemeral.pop(path, None)
         return reply.version
 
     async def rename(self, src: str, dst: str, *, fence: Fencing = None) -> int:
@@ -462,6 +505,8 @@ class Client:
         rename = partial(p.Rename, src=src, dst=dst, fence=locks.fence_of(fence))
         reply = await self._change(link, keys, rename, dst)
         assert isinstance(reply, p.Written)
+        for path in [f for f in self._ephemeral if f == src or f.startswith(src + "/")]:
+            self._ephemeral[dst + path[len(src) :]] = self._ephemeral.pop(path)  # moves too
         return reply.version
 
     async def mkdir(self, path: str, *, fence: Fencing = None) -> None:
@@ -531,6 +576,7 @@ class Client:
         link = await self._current_link()
         delete = partial(p.Delete, path=path, if_version=if_version, fence=locks.fence_of(fence))
         await self._change(link, _with_parent(path), delete, path)
+        self._ephemeral.pop(path, None)
 
     async def _change(
         self, link: _Link, keys: Iterable[str], make: Callable[..., p.Message], path: str = ""
@@ -625,6 +671,12 @@ class Client:
                 return names
             after = reply.names[-1]
 
+    def watch(self, path: str = "", *, initial: bool = False) -> AsyncIterator[Change]:
+        """The changes of the file or directory ``path`` (``""``: the root), as they
+        happen: ``async for change in client.watch("services/api")``. ``initial``:
+        first one ``created`` per existing entry. See :mod:`fscache.client.watch`."""
+        return watch(self, path, initial=initial)
+
     async def relinquish(self, *paths: str) -> None:
         """Drop ``paths`` from the cache and give their leases back to the server."""
         normal = [normalize(path) for path in paths]
@@ -695,7 +747,9 @@ class Client:
 
     def lease_remaining(self, path: str) -> float:
         """Seconds the lease on ``path`` is still trusted (0.0 if none)."""
-        entry = self._cache.get(path) or self._cache.chunks(path)  # whole, or in chunks
+        entry = (  # whole, in chunks, or a listing's key
+            self._cache.get(path) or self._cache.chunks(path) or self._cache.get_listing(path)
+        )
         return max(0.0, entry.expiry - self._clock()) if entry is not None else 0.0
 
     @property
@@ -1210,10 +1264,13 @@ class Client:
                 log.info("server restarted (epoch %s -> %s)", self.epoch, welcome.epoch)
             self.epoch = welcome.epoch
             self._set_link(link)
+            self._write_again = self._write_again or (not welcome.resumed and bool(self._ephemeral))
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._watchdog, link)
                     nursery.start_soon(self._relinquisher, link)
+                    if self._write_again:
+                        nursery.start_soon(self._write_ephemeral_again)
                     await self._read_link(link)
                     cancel.cancel()
             # except*: whether the reader's error arrives bare or grouped by the nursery
@@ -1255,6 +1312,24 @@ class Client:
                 if batch:
                     self._next_id += 1
                     await link.send(self._relinquish_message(self._next_id, batch))
+
+    async def _write_ephemeral_again(self) -> None:
+        """A new session: the files our old one tied are deleted (or will be) with it.
+        Write each again, ephemeral, where it is gone (``if_version=0``: applied after
+        the old session's delete, which arrived first); one written since by another
+        session stands and is forgotten. A lost connection leaves the rest to the next."""
+        for path, data in list(self._ephemeral.items()):
+            if self._ephemeral.get(path) is not data:
+                continue  # changed meanwhile
+            try:
+                await self.write(path, data, ephemeral=True, if_version=0)
+            except Unavailable:
+                return
+            except FscacheError as exc:
+                if self._ephemeral.get(path) is data:
+                    del self._ephemeral[path]
+                log.warning("ephemeral %s not written again: %s", path, exc)
+        self._write_again = False
 
     def _set_link(self, link: _Link) -> None:
         self._link = link

@@ -31,12 +31,14 @@ from fscache.errors import (
 if TYPE_CHECKING:  # the real types for type checkers; imported lazily at run time
     from fscache.client.blocking import BlockingClient, connect
     from fscache.client.client import Client, StatResult, open_client
+    from fscache.client.watch import Change
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BadPath",
     "BlockingClient",
+    "Change",
     "Client",
     "Conflict",
     "DirEntry",
@@ -66,6 +68,10 @@ def __getattr__(name: str) -> Any:
         from fscache.client import client
 
         return getattr(client, name)
+    if name == "Change":
+        from fscache.client import watch
+
+        return watch.Change
     if name in ("connect", "BlockingClient"):
         from fscache.client import blocking
 

@@ -118,12 +118,16 @@ class Read(Message):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Write(Message):
+    """Replace ``path`` with ``data``. ``ephemeral``: the file is tied to the writer's
+    session and deleted when it ends (:mod:`fscache.ephemeral`)."""
+
     TYPE: ClassVar[str] = "write"
     id: int
     path: str
     data: bytes
     if_version: int | None = None
     fence: tuple[str, int] | None = _later()
+    ephemeral: bool = dataclasses.field(default=False, metadata=_LEFT_OUT_AT_DEFAULT)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -345,13 +349,15 @@ class UploadPart(Message):
 @dataclasses.dataclass(frozen=True, slots=True)
 class UploadCommit(Message):
     """Apply upload ``upload`` as one atomic whole-file write under the lease rules
-    (compare-and-set with ``if_version``). Answered with Written."""
+    (compare-and-set with ``if_version``; ``ephemeral`` as for :class:`Write`).
+    Answered with Written."""
 
     TYPE: ClassVar[str] = "upload_commit"
     id: int
     upload: int
     if_version: int | None = None
     fence: tuple[str, int] | None = _later()
+    ephemeral: bool = dataclasses.field(default=False, metadata=_LEFT_OUT_AT_DEFAULT)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -47,6 +47,12 @@ them into :class:`~fscache.errors.Unavailable`, which ends that connection alone
 A restart is timed by one record in the store's state directory
 (:func:`begin_incarnation`): writes wait out the previous incarnation's leases
 unless it stopped cleanly with none live.
+
+Ephemeral files (:mod:`fscache.ephemeral`): every change of a file carries its
+effect on the ties, which :class:`~fscache.server.ephemeral.Ties` plans when the
+table applies it and records around its store call. When a session ends (a
+goodbye, an expiry) and at start (for the ties of an earlier incarnation) the files
+to delete become deletes queued by the server's own connection, which sends nothing.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ import trio
 from fscache import names
 from fscache import protocol as p
 from fscache.access import ANONYMOUS, Access, AccessRules, BadAccessFile, describe, parse
+from fscache.ephemeral import DeleteTied, Move, Rewrite, TieChange
 from fscache.errors import (
     FscacheError,
     NotDurable,
@@ -96,6 +103,7 @@ from fscache.leases import (
 )
 from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize, normalize_key
+from fscache.server.ephemeral import Nowhere, Ties
 from fscache.server.locks import LockService
 from fscache.server.logs import event, wall_time
 from fscache.server.metrics import Latencies
@@ -506,6 +514,11 @@ class FileService:
         self.counters = Counters()
         self.latency = Latencies()  # fscache.server.metrics
         self.access = None if settings.access_file is None else load_access(settings.access_file)
+        self.ephemeral = Ties(self.store)  # files tied to sessions (fscache.ephemeral)
+        self._own = Connection(  # the server's own writes: the deletes of ended sessions
+            HolderId(f"{self.epoch}.server"), Outbox(Nowhere(), 0), trio.CancelScope(),
+            "server", self.counters, alive=False,
+        )  # fmt: skip
 
     # ------------------------------------------------------------ running
     async def run(self, *, task_status: trio.TaskStatus[list[trio.SocketListener]]) -> None:
@@ -549,6 +562,7 @@ class FileService:
             self._nursery = nursery
             nursery.start_soon(self._run_timer)
             await nursery.start(self.locks.run)
+            self._delete_tied(self.ephemeral.recover(trio.current_time()))
             task_status.started()
 
     async def _accept(
@@ -585,6 +599,7 @@ class FileService:
                     "session_expired", "session %s (%s) expired", expired.session,
                     expired.label, session=expired.session, label=expired.label,
                 )  # fmt: skip
+                self._delete_tied(self.ephemeral.table.session_ended(expired.session, now))
             self._execute(self.table.tick(now))
             self.store.settle()
 
@@ -764,14 +779,17 @@ class FileService:
                 if current:
                     del self.connections[holder]
                     now = trio.current_time()
+                    ended = False
                     if connection.goodbye:
-                        self.sessions.end(holder, connection.attachment, now)
+                        ended = self.sessions.end(holder, connection.attachment, now)
                     else:
                         self.sessions.detach(holder, connection.attachment, now)
                         self._wake_timer_by(self.sessions.next_deadline())
                     self._execute(
                         self.table.disconnected(holder, goodbye=connection.goodbye, now=now)
                     )
+                    if ended:
+                        self._delete_tied(self.ephemeral.table.session_ended(holder, now))
                 reason = _closed_because(connection, sys.exc_info()[1])
                 event(
                     "disconnect", "%s: client %s disconnected: %s", peer, holder, reason,
@@ -917,6 +935,15 @@ class FileService:
                 raise ProtocolError(str(exc)) from None
             connection.send(p.Error(id=request_id, code=exc.code, message=str(exc)))
 
+    def _delete_tied(self, effects: list[DeleteTied]) -> None:
+        """Delete the files of ended sessions, each an ordinary delete by the server
+        (readers approve or are waited out; a restart window holds it back)."""
+        for effect in effects:
+            log.info("deleting %s: its session %s ended", effect.path, effect.session)
+            footprint = names.keys_for_delete(effect.path)
+            apply = partial(self.store.delete, effect.path)
+            self._begin_write(self._own, p.Delete(0, effect.path), footprint, apply, effect)
+
     def _new_op(self) -> OpId:
         self._next_op += 1
         return OpId(self._next_op)
@@ -990,6 +1017,7 @@ class FileService:
         self._begin_write(
             connection, message, self._file_write_keys(path, makes_parents=True),
             partial(self.store.write, path, message.data, message.if_version),
+            Rewrite(path, connection.holder if message.ephemeral else None),
         )  # fmt: skip
 
     def _on_delete(self, connection: Connection, message: p.Delete) -> None:
@@ -997,7 +1025,7 @@ class FileService:
         path = normalize(message.path)
         self._begin_write(
             connection, message, names.keys_for_delete(path),
-            partial(self.store.delete, path, message.if_version),
+            partial(self.store.delete, path, message.if_version), Rewrite(path),
         )  # fmt: skip
 
     def _on_change_in_place(
@@ -1013,7 +1041,7 @@ class FileService:
         else:
             self.counters.truncates += 1
             apply = partial(self.store.truncate, path, message.size, message.if_version)
-        self._begin_write(connection, message, self._file_write_keys(path), apply)
+        self._begin_write(connection, message, self._file_write_keys(path), apply, Rewrite(path))
 
     def _on_rename(self, connection: Connection, message: p.Rename) -> None:
         self.counters.renames += 1
@@ -1025,7 +1053,8 @@ class FileService:
             src_is_dir=src_facts is None or src_facts.is_dir,
             dst_exists=dst_facts is not None and dst_facts.exists,
         )  # fmt: skip
-        self._begin_write(connection, message, footprint, partial(self.store.rename, src, dst))
+        apply = partial(self.store.rename, src, dst)
+        self._begin_write(connection, message, footprint, apply, Move(src, dst))
 
     def _on_mkdir(self, connection: Connection, message: p.MkDir) -> None:
         self.counters.mkdirs += 1
@@ -1045,14 +1074,18 @@ class FileService:
         message: _WriteRequest,
         footprint: Footprint,
         apply: Callable[[], int | None],
+        ties: TieChange | DeleteTied | None = None,
     ) -> None:
-        """Queue ``message`` in the lease table; ``apply`` runs once the table allows it.
-        Its data counts against the session's max_pending_write_bytes, and all
-        sessions' max_pending_write_bytes_total, until answered."""
+        """Queue ``message`` in the lease table; ``apply`` runs once the table allows it,
+        with its effect ``ties`` on the ephemeral files' ties. Its data counts against
+        the session's max_pending_write_bytes, and all sessions'
+        max_pending_write_bytes_total, until answered."""
         nbytes = len(message.data) if isinstance(message, p.Write | p.WriteRange) else 0
         if nbytes:
             self._check_pending_bytes(connection.holder, nbytes)
         op = self._new_op()
+        if ties is not None:
+            apply = self.ephemeral.wrap(op, ties, apply)
         self._hold(op, _Pending(connection, message, apply, nbytes=nbytes))
         delayed = self.table.writes_delayed
         effects = self.table.write(op, connection.holder, footprint, trio.current_time())
@@ -1166,7 +1199,8 @@ class FileService:
             connection.send(p.Error(id=message.id, code=exc.code, message=str(exc)))
             return
         apply = partial(self.store.upload_commit, upload, message.if_version)
-        self._begin_write(connection, message, self._file_write_keys(upload.path), apply)
+        tie = Rewrite(upload.path, connection.holder if message.ephemeral else None)
+        self._begin_write(connection, message, self._file_write_keys(upload.path), apply, tie)
 
     def _on_upload_abort(self, connection: Connection, message: p.UploadAbort) -> None:
         upload = connection.uploads.pop(self._upload(connection, message.upload))
@@ -1362,7 +1396,8 @@ class FileService:
             if effect.path.endswith("/"):  # a directory renamed: its listing is not sent
                 term = 0.0
             pending.connection.send(p.Written(id=request.id, version=pending.version, term=term))
-        if term != effect.term or isinstance(request, _NOTHING_TO_CACHE):
+        lost = not pending.connection.alive  # the reply went nowhere: nothing is cached
+        if term != effect.term or isinstance(request, _NOTHING_TO_CACHE) or lost:
             self._execute(self.table.relinquish(effect.holder, [effect.path], trio.current_time()))
 
     def _beyond_lease_limit(self, connection: Connection, *keys: str) -> float:
@@ -1471,6 +1506,7 @@ class FileService:
         request = pending.request
         assert pending.apply is not None
         ok = False
+        self.ephemeral.applying(effect.op)
         try:
             self.locks.check_fence(getattr(request, "fence", None))  # now, as it is applied
             pending.version = await self._blocking_io(pending.apply) or 0
@@ -1485,11 +1521,14 @@ class FileService:
             log.exception("write of %s failed", effect.path)
             pending.connection.send(p.Error(id=request.id, code="error", message=str(exc)))
         finally:
+            now = trio.current_time()
+            late = self.ephemeral.finished(effect.op, now, self.sessions, ok=ok)
             if ok:
                 self.counters.writes_applied += 1
             else:
                 self._release(effect.op)
-            self._execute(self.table.write_done(effect.op, trio.current_time(), ok=ok))
+            self._execute(self.table.write_done(effect.op, now, ok=ok))
+            self._delete_tied(late)
             self.store.settle()
 
     # ------------------------------------------------------------ counters
@@ -1517,6 +1556,8 @@ class FileService:
             "session_ttl": self.sessions.ttl,
             "locks_held": self.locks.table.held(now),
             "locks_granted": self.locks.table.locks_granted,
+            "ephemeral_files": len(self.ephemeral.table),
+            "ephemeral_deleted": self.ephemeral.table.deleted,
         }
 
     def shutdown(self) -> int:

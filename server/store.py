@@ -645,6 +645,29 @@ class Store:
         except OSError as exc:
             raise _translate(exc, "read", name) from None
 
+    def remove_state(self, name: str) -> None:
+        """Durably remove the server's own file ``name`` (if there is one)."""
+        try:
+            dir_fd = self._state_dir()
+            try:
+                with suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=dir_fd)
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            raise _translate(exc, "delete", name) from None
+
+    def state_names(self, prefix: str) -> list[str]:
+        """The names of the server's own files that begin with ``prefix``, sorted."""
+        try:
+            names = os.listdir(os.path.join(self.root, RESERVED_PREFIX))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise _translate(exc, "list", RESERVED_PREFIX) from None
+        return sorted(name for name in names if name.startswith(prefix))
+
     def listdir(self, path: str) -> list[str]:
         """Sorted names in the directory ``path`` (``""`` is the root); dirs end in
         ``/``: the names :meth:`scandir` shows, with no ``stat`` of any.

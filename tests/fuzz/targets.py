@@ -388,6 +388,8 @@ def _message(fdp: atheris.FuzzedDataProvider) -> p.Message:
 def _field(fdp: atheris.FuzzedDataProvider, annotation: Any) -> Any:
     if annotation is int:
         return _pick(fdp, _INTS)
+    if annotation is bool:
+        return fdp.ConsumeBool()
     if annotation is str:
         if fdp.ConsumeProbability() < 0.8:
             return _pick(fdp, _PATHS)
