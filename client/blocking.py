@@ -24,6 +24,7 @@ import trio
 from fscache.cache import DEFAULT_MAX_BYTES, DirEntry
 from fscache.client.client import Client, Fencing, Source, StatResult, open_client, parse_address
 from fscache.client.locks import Lock
+from fscache.client.watch import Change
 from fscache.errors import FscacheError
 from fscache.paths import normalize
 from fscache.settings import DEFAULT_ADDRESS, DEFAULT_LOCK_TTL
@@ -120,11 +121,13 @@ class BlockingClient:
         if_version: int | None = None,
         offset: int | None = None,
         fence: Fencing = None,
+        ephemeral: bool = False,
     ) -> int:
-        """:meth:`Client.write`: bytes or a binary file; in place with ``offset``."""
+        """:meth:`Client.write`: bytes or a binary file; in place with ``offset``;
+        ``ephemeral``: gone with this client's session."""
         return self._run(
             lambda: self._client.write(
-                path, data, if_version=if_version, offset=offset, fence=fence
+                path, data, if_version=if_version, offset=offset, fence=fence, ephemeral=ephemeral
             )
         )
 
@@ -195,6 +198,36 @@ class BlockingClient:
         """:meth:`Client.leader`."""
         return self._run(self._client.leader, name)
 
+    def watch(self, path: str = "", *, initial: bool = False) -> Iterator[Change]:
+        """:meth:`Client.watch`, as a blocking iterator: ``for change in c.watch(dir)``.
+        The watch runs on the loop thread and hands each change over; leaving the loop
+        (or closing the client) stops it."""
+        changes: queue.Queue[Change | Exception | None] = queue.Queue()  # None: ended
+        scope = trio.CancelScope()
+
+        async def pump() -> None:
+            try:
+                with scope:
+                    async for change in self._client.watch(path, initial=initial):
+                        changes.put(change)
+            except Exception as exc:  # the watch's error, raised on the caller's thread
+                changes.put(exc)
+            finally:
+                changes.put(None)
+
+        nursery = self._client._nursery
+        assert nursery is not None
+        self._run_sync(nursery.start_soon, pump)
+        try:
+            while (item := changes.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            if not self._closed:
+                with contextlib.suppress(trio.RunFinishedError):
+                    self._run_sync(scope.cancel)
+
     def stat(self, path: str) -> StatResult:
         """:meth:`Client.stat`."""
         return self._run(self._client.stat, path)
@@ -227,6 +260,9 @@ class BlockingClient:
         if self._closed:
             raise FscacheError("client is closed")
         return trio.from_thread.run(fn, *args, trio_token=self._token)
+
+    def _run_sync(self, fn: Callable[..., object], *args: Any) -> None:
+        trio.from_thread.run_sync(fn, *args, trio_token=self._token)
 
     def close(self) -> None:
         """Say goodbye to the server and stop the background thread."""

@@ -305,3 +305,20 @@ async def test_a_watch_ends_with_an_error_when_its_client_closes(
         await trio.sleep(2.0)
     ((when, error),) = ended
     assert error == "client is closed" and 2.0 <= when <= 2.0 + LOOK_AGAIN
+
+
+def test_the_blocking_client_registers_and_watches(tmp_path: pathlib.Path) -> None:
+    from fscache.bench.harness import fscache_server
+
+    with fscache_server(str(tmp_path), term=TERM) as server:
+        address = f"127.0.0.1:{server.port}"
+        with fscache.connect(address) as watcher:
+            member = fscache.connect(address)
+            member.write("services/api/n1", b"10.0.0.5:8080", ephemeral=True)
+            changes = watcher.watch("services/api", initial=True)
+            assert next(changes) == Change("created", "services/api/n1", member.stat(
+                "services/api/n1").version)  # fmt: skip
+            member.close()  # a goodbye: its ephemeral file goes at once
+            assert next(changes) == Change("deleted", "services/api/n1", None)
+            changes.close()
+            assert watcher.listdir("services/api") == []
