@@ -1231,6 +1231,7 @@ class FileService:
 
     # ------------------------------------------------------------ effects
     def _execute(self, effects: list[Effect]) -> None:
+        asking: tuple[str, OpId, bytes] | None = None  # one write's request, encoded once
         for effect in effects:
             if isinstance(effect, Grant):
                 pending = self._release(effect.op)
@@ -1241,7 +1242,10 @@ class FileService:
             elif isinstance(effect, SendApprovalRequest):
                 connection = self.connections.get(effect.holder)
                 if connection is not None:
-                    connection.send(p.ApprovalRequest(path=effect.path, write=effect.write))
+                    if asking is None or asking[:2] != (effect.path, effect.write):
+                        request = p.ApprovalRequest(path=effect.path, write=effect.write)
+                        asking = (effect.path, effect.write, p.encode(request))
+                    connection.send_frame(asking[2])
             elif isinstance(effect, ApplyWrite):
                 assert self._nursery is not None
                 self._nursery.start_soon(self._apply_write, effect)
