@@ -286,6 +286,17 @@ class _Op:
         return next(iter(self.keys))
 
 
+class _Holders(dict[HolderId, None]):
+    """The holders of a key that has more than one, in the order they came, and the
+    one copy of the key's name their leases share (each read brings its own copy)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str, *holders: HolderId) -> None:
+        super().__init__(dict.fromkeys(holders))
+        self.key = key
+
+
 @dataclasses.dataclass(slots=True, eq=False)
 class _Bucket:
     """Keys filed to be swept: each has a lease dead by ``opened + PURGE_GRANULARITY``."""
@@ -315,7 +326,7 @@ class LeaseTable:
         self.skew = check_duration("skew", skew)
         self.hold_writes_until = hold_writes_until if hold_writes_until is not None else -1.0
         # key: its holder, or its holders from the second on (see "Memory and cost")
-        self._leases: dict[str, HolderId | dict[HolderId, None]] = {}
+        self._leases: dict[str, HolderId | _Holders] = {}
         self._held: dict[HolderId, dict[str, float]] = {}  # holder: key: expiry
         self._queues: dict[str, deque[_Op]] = {}  # only keys with a queued write
         self._started: dict[str, _Op] = {}  # key: the write asking its holders to approve
@@ -496,7 +507,7 @@ class LeaseTable:
         holders = self._leases.get(key)
         if holders is None:
             return ()
-        if type(holders) is dict:
+        if type(holders) is _Holders:
             return tuple(holders)
         return (holders,)  # type: ignore[return-value]  # the one holder's id
 
@@ -509,18 +520,21 @@ class LeaseTable:
             if held is None:
                 held = self._held[holder] = {}
             previous = held.get(key)
-            held[key] = expiry
             if previous is None:  # a new lease: the key learns its holder, and it is filed
                 holders = self._leases.get(key)
                 if holders is None:
                     self._leases[key] = holder
-                elif type(holders) is dict:
+                elif type(holders) is _Holders:
                     holders[holder] = None
+                    key = holders.key  # one copy of the name for every holder after the first
                 else:
-                    self._leases[key] = {holders: None, holder: None}  # type: ignore[dict-item]
+                    self._leases[key] = _Holders(key, holders, holder)  # type: ignore[arg-type]
+                held[key] = expiry
                 self._file(key, expiry + self.skew)
-            elif expiry < previous:  # renewed for less: it may be dead before its filing
-                self._file(key, expiry + self.skew)
+            else:
+                held[key] = expiry
+                if expiry < previous:  # renewed for less: it may be dead before its filing
+                    self._file(key, expiry + self.skew)
             self.leases_granted += 1
         return term
 
@@ -531,7 +545,7 @@ class LeaseTable:
         if not held:
             del self._held[holder]
         holders = self._leases[key]
-        if type(holders) is dict:
+        if type(holders) is _Holders:
             del holders[holder]
             if len(holders) == 1:
                 self._leases[key] = next(iter(holders))

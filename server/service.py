@@ -1243,8 +1243,8 @@ class FileService:
                 connection = self.connections.get(effect.holder)
                 if connection is not None:
                     if asking is None or asking[:2] != (effect.path, effect.write):
-                        request = p.ApprovalRequest(path=effect.path, write=effect.write)
-                        asking = (effect.path, effect.write, p.encode(request))
+                        ask = p.ApprovalRequest(path=effect.path, write=effect.write)
+                        asking = (effect.path, effect.write, p.encode(ask))
                     connection.send_frame(asking[2])
             elif isinstance(effect, ApplyWrite):
                 assert self._nursery is not None
