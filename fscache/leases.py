@@ -107,7 +107,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import NewType, Protocol
 
@@ -162,7 +162,10 @@ class AdaptiveTermPolicy:
     default: float = DEFAULT_TERM
     hot_writes: int = 3
     window: float = DEFAULT_TERM
-    _recent: dict[str, deque[float]] = dataclasses.field(default_factory=dict, repr=False)
+    # path: the instants of its last writes, oldest first; paths in the order last written
+    _recent: OrderedDict[str, tuple[float, ...]] = dataclasses.field(
+        default_factory=OrderedDict, repr=False
+    )
 
     def __post_init__(self) -> None:
         self.default = check_duration("term", self.default)
@@ -188,16 +191,20 @@ class AdaptiveTermPolicy:
     def note_write(self, path: str, now: float) -> None:
         if not self.hot_writes:
             return
-        recent = self._recent.get(path)
-        if recent is None:
-            recent = self._recent[path] = deque(maxlen=self.hot_writes)
-        recent.append(now)
+        recent = self._recent
+        recent[path] = (*recent.get(path, ()), now)[-self.hot_writes :]
+        recent.move_to_end(path)
 
     def forget_before(self, now: float) -> None:
-        """Drop write history that can no longer make a path write-shared."""
-        stale = [p for p, r in self._recent.items() if now - r[-1] >= self.window]
-        for path in stale:
-            del self._recent[path]
+        """Drop write history that can no longer make a path write-shared: the paths
+        written longest ago, up to the first still within the window (server time
+        only moves on), so the cost is in the paths forgotten."""
+        recent = self._recent
+        while recent:
+            path = next(iter(recent))
+            if now - recent[path][-1] < self.window:
+                break
+            del recent[path]
 
 
 # ---------------------------------------------------------------- what a write touches

@@ -136,3 +136,20 @@ def test_a_write_waits_for_ten_thousand_holders_and_each_approval_is_o1() -> Non
         assert t.approve(holder, "p", OpId(99_999), now=1.5) == []
     assert t.next_deadline() == 10.1 + 9_999 * 0.0001  # the last one's, found by the heap
     assert t.approve(holders[-1], "p", OpId(99_999), now=1.5) == [ApplyWrite(OpId(99_999), A, "p")]
+
+
+# ---------------------------------------------------------------- write history
+def test_write_history_is_forgotten_oldest_written_first_and_kept_within_the_window() -> None:
+    policy = AdaptiveTermPolicy(default=TERM, hot_writes=3, window=10.0)
+    for n in range(1_000):
+        policy.note_write(f"p{n}", now=n * 0.01)  # last written at 0.00 .. 9.99
+    for now in (15.0, 15.1, 15.2):
+        policy.note_write("p0", now=now)  # written again: now the last written
+
+    assert policy.is_write_shared("p0", now=15.2)
+    policy.forget_before(19.995)  # every path but p0 last written 10 s ago or more
+    assert list(policy._recent) == ["p0"]
+    assert policy._recent["p0"] == (15.0, 15.1, 15.2)  # the last hot_writes instants
+    assert policy.term("p0", now=19.995) == 0.0
+    policy.forget_before(25.2)
+    assert not policy._recent
