@@ -94,42 +94,26 @@ def measure(quick: bool, say: Callable[[str], None] = print) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- the table
-_COLUMNS: dict[str, list[tuple[str, str, Callable[[float], str]]]] = {
-    "connections": [
-        ("clients", "clients", lambda v: f"{v:,.0f}"),
-        ("server RSS", "server_rss_bytes", lambda v: f"{v / MIB:,.1f} MiB"),
-        ("before", "baseline_rss_bytes", lambda v: f"{v / MIB:,.1f} MiB"),
-        ("per client", "per_client_bytes", lambda v: f"{v / 1024:,.1f} KiB"),
-    ],
+_COLUMNS = {  # each measurement's fields, in the order shown
+    "connections": ["clients", "server_rss_bytes", "baseline_rss_bytes", "per_client_bytes"],
     "leases": [
-        ("files", "files", lambda v: f"{v:,.0f}"),
-        ("holders", "holders", lambda v: f"{v:,.0f}"),
-        ("leases", "leases", lambda v: f"{v:,.0f}"),
-        ("server RSS", "server_rss_bytes", lambda v: f"{v / MIB:,.1f} MiB"),
-        ("before", "baseline_rss_bytes", lambda v: f"{v / MIB:,.1f} MiB"),
-        ("per lease", "bytes_per_lease", lambda v: f"{v:,.0f} B"),
+        "files", "holders", "leases", "server_rss_bytes", "baseline_rss_bytes", "bytes_per_lease",
     ],
-    "fanout": [
-        ("holders", "holders", lambda v: f"{v:,.0f}"),
-        ("writes", "repetitions", lambda v: f"{v:,.0f}"),
-        ("apply p50", "apply_p50_s", lambda v: f"{v * 1000:,.1f} ms"),
-        ("apply max", "apply_max_s", lambda v: f"{v * 1000:,.1f} ms"),
-    ],
-    "restart_storm": [
-        ("clients", "clients", lambda v: f"{v:,.0f}"),
-        ("all back", "all_back_s", lambda v: f"{v:.2f} s"),
-        ("median back", "median_back_s", lambda v: f"{v:.2f} s"),
-        ("refused", "refused", lambda v: f"{v:,.0f}"),
-        ("stale reads", "stale_reads", lambda v: f"{v:,.0f}"),
-    ],
-    "fairness": [
-        ("idle p50", "idle_median_s", lambda v: f"{v * 1000:,.2f} ms"),
-        ("idle p99", "idle_p99_s", lambda v: f"{v * 1000:,.2f} ms"),
-        ("loaded p50", "loaded_median_s", lambda v: f"{v * 1000:,.2f} ms"),
-        ("loaded p99", "loaded_p99_s", lambda v: f"{v * 1000:,.2f} ms"),
-        ("ratio", "ratio", lambda v: f"{v:.2f}"),
-    ],
-}
+    "fanout": ["holders", "repetitions", "apply_p50_s", "apply_max_s"],
+    "restart_storm": ["clients", "all_back_s", "median_back_s", "refused", "stale_reads"],
+    "fairness": ["idle_median_s", "idle_p99_s", "loaded_median_s", "loaded_p99_s", "ratio"],
+}  # fmt: skip
+
+
+def _cell(field: str, value: float) -> str:
+    """A figure in its unit, which its field's name ends with (bytes, seconds)."""
+    if field.endswith("_rss_bytes"):
+        return f"{value / MIB:,.1f} MiB"
+    if field.endswith("bytes") or field.startswith("bytes"):
+        return f"{value:,.0f} B"
+    if field.endswith("_s"):
+        return f"{value * 1000:,.1f} ms" if value < 1 else f"{value:,.2f} s"
+    return f"{value:,.0f}" if value == int(value) else f"{value:,.2f}"
 
 
 def table(results: dict[str, Any]) -> str:
@@ -144,8 +128,7 @@ def table(results: dict[str, Any]) -> str:
             out.append("")
             continue
         rows = value if isinstance(value, list) else [value]
-        lines = [[head for head, _, _ in columns]]
-        lines += [[fmt(row[key]) for _, key, fmt in columns] for row in rows]
+        lines = [columns] + [[_cell(field, row[field]) for field in columns] for row in rows]
         widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
         for line in lines:
             out.append("  " + "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
