@@ -48,7 +48,8 @@ from fscache.cli import parse_serving_line
 PER_SESSION = 50_000  # leases one session takes; the server's default limit is 65,536
 FILES_PER_DIR = 1_000
 CONNECT_AT_ONCE = 16  # handshakes a worker has under way at a time
-CONNECT_ATTEMPTS = 5  # a busy machine can miss the client's handshake timeout
+CONNECT_ATTEMPTS = 20  # a busy machine can miss the client's handshake or liveness timeouts
+RETRY_AFTER = 1.0  # seconds between attempts: the client reconnects by itself meanwhile
 READS_AT_ONCE = 32  # reads one client has in flight
 FANOUT_TARGET = 0  # the file every fan-out holder reads: file_name(0)
 TERM = 3600.0  # no lease expires while it is measured
@@ -159,7 +160,7 @@ async def _hold(
             except fscache.Unavailable:
                 if attempt == CONNECT_ATTEMPTS - 1:
                     raise
-                await trio.sleep(0.5)
+                await trio.sleep(RETRY_AFTER)
     try:
         while True:
             await go.wait()
@@ -187,6 +188,7 @@ async def _read_each(client: Any, files: range) -> None:
             except fscache.Unavailable:
                 if attempt == CONNECT_ATTEMPTS - 1:
                     raise
+                await trio.sleep(RETRY_AFTER)
 
 
 async def _worker_main(pipe: Any) -> None:
