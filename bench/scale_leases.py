@@ -51,6 +51,8 @@ CONNECT_AT_ONCE = 16  # handshakes a worker has under way at a time
 CONNECT_ATTEMPTS = 20  # a busy machine can miss the client's handshake or liveness timeouts
 RETRY_AFTER = 1.0  # seconds between attempts: the client reconnects by itself meanwhile
 READS_AT_ONCE = 32  # reads one client has in flight
+READS_PER_WORKER = 128  # reads a worker's clients have in flight together: a read waiting
+# longer than 3 s for its reply makes the client give its link up
 FANOUT_TARGET = 0  # the file every fan-out holder reads: file_name(0)
 TERM = 3600.0  # no lease expires while it is measured
 FANOUT_TERM = 60.0  # a holder that cannot approve (its link lost) delays a write this long
@@ -130,6 +132,7 @@ class _Round:
         self.go = trio.Event()
         self.stop = False
         self.failed: BaseException | None = None
+        self.reading = trio.Semaphore(READS_PER_WORKER)
 
     def start(self, *, stop: bool = False) -> None:
         self.done, self.all_done, self.stop = 0, trio.Event(), stop
@@ -169,7 +172,8 @@ async def _hold(
             go = round_.go
             async with trio.open_nursery() as nursery:
                 for start in range(READS_AT_ONCE):
-                    nursery.start_soon(_read_each, client, files[start::READS_AT_ONCE])
+                    share = files[start::READS_AT_ONCE]
+                    nursery.start_soon(_read_each, client, share, round_.reading)
             round_.finished_one()
     except BaseException as exc:
         round_.failed = exc
@@ -179,11 +183,12 @@ async def _hold(
         await client_cm.__aexit__(None, None, None)
 
 
-async def _read_each(client: Any, files: range) -> None:
+async def _read_each(client: Any, files: range, reading: trio.Semaphore) -> None:
     for i in files:
         for attempt in range(CONNECT_ATTEMPTS):  # the client gives up a link silent for 3 s
             try:
-                await client.read(file_name(i))
+                async with reading:
+                    await client.read(file_name(i))
                 break
             except fscache.Unavailable:
                 if attempt == CONNECT_ATTEMPTS - 1:
