@@ -77,13 +77,37 @@ delegations):
   the previous incarnation may still be live. Reads are granted at once.
 * Relinquishing a lease counts as approving any write waiting on it; a
   connection closed with a goodbye relinquishes all of its holder's leases.
+
+Memory and cost (a million live leases must fit a small server):
+
+* A lease is one entry in its holder's dict, ``key: expiry``: that dict is what
+  the holder holds, its size the holder's count, its keys what a goodbye
+  relinquishes. Who holds a key is the holder's id itself while the key has one
+  holder (no container) and a dict of holders from the second on. Holder ids are
+  the caller's own objects (a session's id), shared by all of its leases.
+* Expired leases are swept from *buckets*: a bucket opens at the dead-by instant
+  (``expiry + skew``) of the first lease filed in it and takes later ones dead
+  within ``PURGE_GRANULARITY`` of that; :meth:`LeaseTable.next_deadline` is due
+  that long after it opened, so a lease is swept at most that late, and every
+  :meth:`LeaseTable.tick` sweeps all leases dead by then (a bucket only partly
+  due is put in dead-by order once and swept from the front). A lease is filed
+  (one reference to its key) when it is granted to a holder that had none on the
+  key, or when a re-grant ends earlier than the lease it renews; renewing to a
+  later expiry files nothing. A swept key with live leases left is filed again
+  at its earliest live dead-by. So a sweep touches only filed entries that are
+  due -- its cost is in leases granted, never a scan of the live ones
+  (:attr:`LeaseTable.purge_steps` counts it).
+* A waiting write keeps the dead-by instants it waits on in a heap: waiting out
+  expired holders and finding the next deadline cost the holders that expire, and
+  an approval is a dict deletion, however many holders the write asked.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections import deque
+import math
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import NewType, Protocol
 
@@ -138,7 +162,10 @@ class AdaptiveTermPolicy:
     default: float = DEFAULT_TERM
     hot_writes: int = 3
     window: float = DEFAULT_TERM
-    _recent: dict[str, deque[float]] = dataclasses.field(default_factory=dict, repr=False)
+    # path: the instants of its last writes, oldest first; paths in the order last written
+    _recent: OrderedDict[str, tuple[float, ...]] = dataclasses.field(
+        default_factory=OrderedDict, repr=False
+    )
 
     def __post_init__(self) -> None:
         self.default = check_duration("term", self.default)
@@ -164,16 +191,20 @@ class AdaptiveTermPolicy:
     def note_write(self, path: str, now: float) -> None:
         if not self.hot_writes:
             return
-        recent = self._recent.get(path)
-        if recent is None:
-            recent = self._recent[path] = deque(maxlen=self.hot_writes)
-        recent.append(now)
+        recent = self._recent
+        recent[path] = (*recent.get(path, ()), now)[-self.hot_writes :]
+        recent.move_to_end(path)
 
     def forget_before(self, now: float) -> None:
-        """Drop write history that can no longer make a path write-shared."""
-        stale = [p for p, r in self._recent.items() if now - r[-1] >= self.window]
-        for path in stale:
-            del self._recent[path]
+        """Drop write history that can no longer make a path write-shared: the paths
+        written longest ago, up to the first still within the window (server time
+        only moves on), so the cost is in the paths forgotten."""
+        recent = self._recent
+        while recent:
+            path = next(iter(recent))
+            if now - recent[path][-1] < self.window:
+                break
+            del recent[path]
 
 
 # ---------------------------------------------------------------- what a write touches
@@ -253,10 +284,37 @@ class _Op:
     waiting_on: dict[tuple[str, HolderId], float] = dataclasses.field(
         default_factory=dict
     )  # (key, holder): dead-by
+    waits: list[tuple[float, str, HolderId]] = dataclasses.field(
+        default_factory=list
+    )  # heap of (dead-by, key, holder); entries no longer in waiting_on are skipped
 
     @property
     def first_key(self) -> str:
         return next(iter(self.keys))
+
+
+class _Holders(dict[HolderId, None]):
+    """The holders of a key that has more than one, in the order they came, and the
+    one copy of the key's name their leases share (each read brings its own copy)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str, *holders: HolderId) -> None:
+        super().__init__(dict.fromkeys(holders))
+        self.key = key
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Bucket:
+    """Keys filed to be swept: each has a lease dead by ``opened + PURGE_GRANULARITY``."""
+
+    opened: float  # the dead-by of the first lease filed in it
+    keys: list[str]
+    swept: int = 0  # keys[:swept] are done
+    ordered: bool = False  # keys[swept:] are in dead-by order: swept before all were due
+
+    def __lt__(self, other: _Bucket) -> bool:
+        return self.opened < other.opened
 
 
 class UnknownOp(Exception):
@@ -274,40 +332,45 @@ class LeaseTable:
         self.policy = policy
         self.skew = check_duration("skew", skew)
         self.hold_writes_until = hold_writes_until if hold_writes_until is not None else -1.0
-        self._leases: dict[str, dict[HolderId, float]] = {}  # key: holder: expiry
-        self._held: dict[HolderId, set[str]] = {}  # holder: keys it has leases on
+        # key: its holder, or its holders from the second on (see "Memory and cost")
+        self._leases: dict[str, HolderId | _Holders] = {}
+        self._held: dict[HolderId, dict[str, float]] = {}  # holder: key: expiry
         self._queues: dict[str, deque[_Op]] = {}  # only keys with a queued write
         self._started: dict[str, _Op] = {}  # key: the write asking its holders to approve
         self._applying: dict[OpId, _Op] = {}  # writes handed out as ApplyWrite
         self._subtree_writes: list[_Op] = []  # queued directory renames, in arrival order
-        self._purge_heap: list[tuple[float, str, HolderId]] = []  # (dead-by, key, holder)
+        self._buckets: list[_Bucket] = []  # a heap, by when each opened
+        self._open_bucket: _Bucket | None = None  # the one last opened, while unswept
         # counters the server reports
         self.leases_granted = 0
         self.approvals_sent = 0
         self.writes_delayed = 0  # writes that could not be applied on arrival
         self.waited_out: list[tuple[OpId, str, HolderId]] = []  # (write, key, holder) whose
         # lease ran out unapproved; the caller reads and clears it (its log)
+        self.purge_steps = 0  # filed entries the sweep has looked at: its whole cost
 
     # ------------------------------------------------------------ queries
     def next_deadline(self) -> float | None:
         """When :meth:`tick` next has something to do, or None."""
-        heap = self._purge_heap
-        deadline = heap[0][0] + PURGE_GRANULARITY if heap else None
+        buckets = self._buckets
+        deadline = buckets[0].opened + PURGE_GRANULARITY if buckets else None
         for write in self._waiting_writes() if self._started else ():  # runs after every event
             if len(write.started) < len(write.keys):
                 continue  # behind an earlier write on some key: its write_done moves it
-            due = min(write.waiting_on.values()) if write.waiting_on else self.hold_writes_until
+            due = _earliest_wait(write) if write.waiting_on else self.hold_writes_until
             if deadline is None or due < deadline:
                 deadline = due
         return deadline
 
     def holders(self, key: str, now: float) -> dict[HolderId, float]:
         """Live holders of ``key`` and their expiry (server clock)."""
-        return {h: exp for h, exp in self._leases.get(key, {}).items() if now < exp + self.skew}
+        held = self._held
+        live = ((h, held[h][key]) for h in self._holders_of(key))
+        return {h: exp for h, exp in live if now < exp + self.skew}
 
     def live_leases(self, now: float) -> int:
         return sum(
-            1 for held in self._leases.values() for exp in held.values() if now < exp + self.skew
+            1 for held in self._held.values() for exp in held.values() if now < exp + self.skew
         )
 
     def leases_held(self, holder: HolderId) -> int:
@@ -421,7 +484,7 @@ class LeaseTable:
         for key in applied.keys:
             head = self._queues[key].popleft()
             assert head is applied
-            for holder in list(self._leases.get(key, ())):
+            for holder in self._holders_of(key):
                 if ok or holder != applied.holder:  # a failed writer still caches the old value
                     self._end_lease(key, holder)
         effects: list[Effect] = []
@@ -449,33 +512,63 @@ class LeaseTable:
         """The started writes not yet applying, each once."""
         return list(dict.fromkeys(self._started.values()))
 
+    def _holders_of(self, key: str) -> tuple[HolderId, ...]:
+        holders = self._leases.get(key)
+        if holders is None:
+            return ()
+        if type(holders) is _Holders:
+            return tuple(holders)
+        return (holders,)  # type: ignore[return-value]  # the one holder's id
+
     def _lease(self, holder: HolderId, key: str, now: float) -> float:
         """Record a lease of the policy's term for ``holder`` on ``key``; return the term."""
         term = self.policy.term(key, now)
         if term > 0:
-            holders = self._leases.get(key)
-            if holders is None:
-                holders = self._leases[key] = {}
-            holders[holder] = now + term
+            expiry = now + term
             held = self._held.get(holder)
             if held is None:
-                held = self._held[holder] = set()
-            held.add(key)
-            heapq.heappush(self._purge_heap, (now + term + self.skew, key, holder))
+                held = self._held[holder] = {}
+            previous = held.get(key)
+            if previous is None:  # a new lease: the key learns its holder, and it is filed
+                holders = self._leases.get(key)
+                if holders is None:
+                    self._leases[key] = holder
+                elif type(holders) is _Holders:
+                    holders[holder] = None
+                    key = holders.key  # one copy of the name for every holder after the first
+                else:
+                    self._leases[key] = _Holders(key, holders, holder)  # type: ignore[arg-type]
+                held[key] = expiry
+                self._file(key, expiry + self.skew)
+            else:
+                held[key] = expiry
+                if expiry < previous:  # renewed for less: it may be dead before its filing
+                    self._file(key, expiry + self.skew)
             self.leases_granted += 1
         return term
 
     def _end_lease(self, key: str, holder: HolderId) -> None:
-        held = self._leases.get(key)
-        if held is None or held.pop(holder, None) is None:
+        held = self._held.get(holder)
+        if held is None or held.pop(key, None) is None:
             return
         if not held:
+            del self._held[holder]
+        holders = self._leases[key]
+        if type(holders) is _Holders:
+            del holders[holder]
+            if len(holders) == 1:
+                self._leases[key] = next(iter(holders))
+        else:
             del self._leases[key]
-        keys = self._held.get(holder)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._held[holder]
+
+    def _file(self, key: str, dead_by: float) -> None:
+        """File ``key`` to be swept once ``dead_by`` has passed."""
+        bucket = self._open_bucket
+        if bucket is not None and bucket.opened <= dead_by < bucket.opened + PURGE_GRANULARITY:
+            bucket.keys.append(key)
+        else:
+            bucket = self._open_bucket = _Bucket(dead_by, [key])
+            heapq.heappush(self._buckets, bucket)
 
     def _subtree_write_above(self, key: str) -> _Op | None:
         for write in self._subtree_writes:
@@ -521,7 +614,9 @@ class LeaseTable:
             started[head] = None
             for holder, expiry in self.holders(key, now).items():
                 if holder != head.holder:
-                    head.waiting_on[(key, holder)] = expiry + self.skew
+                    dead_by = expiry + self.skew
+                    head.waiting_on[(key, holder)] = dead_by
+                    heapq.heappush(head.waits, (dead_by, key, holder))
                     effects.append(SendApprovalRequest(holder, key, head.op))
                     self.approvals_sent += 1
         for write in started:
@@ -532,9 +627,10 @@ class LeaseTable:
 
     def _wait_out(self, write: _Op, now: float) -> None:
         """End the leases ``write`` waits on whose holders are past expiry + skew."""
-        for (key, holder), dead_by in list(write.waiting_on.items()):
-            if now >= dead_by:
-                del write.waiting_on[(key, holder)]
+        waits, waiting_on = write.waits, write.waiting_on
+        while waits and waits[0][0] <= now:
+            _, key, holder = heapq.heappop(waits)
+            if waiting_on.pop((key, holder), None) is not None:
                 self.waited_out.append((write.op, key, holder))
                 self._end_lease(key, holder)
 
@@ -549,9 +645,54 @@ class LeaseTable:
         return [ApplyWrite(write.op, write.holder, write.first_key)]
 
     def _purge(self, now: float) -> None:
-        heap = self._purge_heap
-        while heap and heap[0][0] <= now:
-            _, key, holder = heapq.heappop(heap)
-            expiry = self._leases.get(key, {}).get(holder)
-            if expiry is not None and expiry + self.skew <= now:
+        """Sweep every lease dead by ``now``: end it, and file a key that still has
+        live leases again. A bucket that is only partly due has its keys put in
+        dead-by order once, and is swept from the front as far as ``now``."""
+        buckets, again = self._buckets, []
+        while buckets and buckets[0].opened <= now:
+            bucket = heapq.heappop(buckets)
+            if bucket is self._open_bucket:
+                self._open_bucket = None  # nothing more is filed in it
+            keys = bucket.keys
+            if bucket.opened + PURGE_GRANULARITY <= now:  # all due
+                self.purge_steps += len(keys) - bucket.swept
+                for key in dict.fromkeys(keys[bucket.swept :]):  # filed by several: once
+                    self._sweep(key, now)
+                continue
+            if not bucket.ordered:
+                self.purge_steps += len(keys) - bucket.swept
+                rest = dict.fromkeys(keys[bucket.swept :])
+                keys[bucket.swept :] = sorted(rest, key=self._dead_by)
+                bucket.ordered = True
+            while bucket.swept < len(keys) and self._dead_by(keys[bucket.swept]) <= now:
+                self.purge_steps += 1
+                self._sweep(keys[bucket.swept], now)
+                bucket.swept += 1
+            if bucket.swept < len(keys):
+                again.append(bucket)
+        for bucket in again:
+            heapq.heappush(buckets, bucket)
+
+    def _dead_by(self, key: str) -> float:
+        """When the first of ``key``'s leases is dead (-inf: it has none)."""
+        held, holders = self._held, self._holders_of(key)
+        return min((held[h][key] for h in holders), default=-math.inf - self.skew) + self.skew
+
+    def _sweep(self, key: str, now: float) -> None:
+        held, skew, live = self._held, self.skew, math.inf
+        for holder in self._holders_of(key):
+            dead_by = held[holder][key] + skew
+            if dead_by <= now:
                 self._end_lease(key, holder)
+            elif dead_by < live:
+                live = dead_by
+        if live < math.inf:
+            self._file(key, live)
+
+
+def _earliest_wait(write: _Op) -> float:
+    """The earliest dead-by among the holders ``write`` still waits on (some)."""
+    waits, waiting_on = write.waits, write.waiting_on
+    while (waits[0][1], waits[0][2]) not in waiting_on:  # approved or relinquished
+        heapq.heappop(waits)
+    return waits[0][0]

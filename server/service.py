@@ -287,6 +287,19 @@ class Outbox:
             self._ready.set()
         return self.nbytes <= self.limit
 
+    def push(self, frame: bytes) -> bool:
+        """Queue ``frame`` as :meth:`put` does, but write it now from the calling task
+        when nothing is queued or being sent and the socket takes it whole: a write
+        that asks thousands of holders to approve wakes no sender task for each."""
+        busy = self.closed or self.batching or self._sending or bool(self._frames)
+        if busy or self._send_now is None:
+            return self.put(frame)
+        try:
+            sent = self._send_now(frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            sent = 0  # the sender task meets the error and ends the connection
+        return True if sent == len(frame) else self.put(frame[sent:])
+
     def _take(self) -> bytes:
         """Everything queued, as one buffer (one send for many replies)."""
         frames = self._frames
@@ -398,11 +411,12 @@ class Connection:
     def send(self, message: p.Message) -> None:
         self.send_frame(p.encode(message))
 
-    def send_frame(self, frame: bytes) -> None:
+    def send_frame(self, frame: bytes, *, push: bool = False) -> None:
+        """Queue ``frame`` (``push``: written at once if it can be, see Outbox.push)."""
         if not self.alive:
             return
         self.counters.messages_out += 1
-        if not self.outbox.put(frame):
+        if not (self.outbox.push(frame) if push else self.outbox.put(frame)):
             log.warning("%s is not reading its replies; dropping the connection", self.peer)
             self.alive = False
             self.cancel.cancel()
@@ -1330,6 +1344,7 @@ class FileService:
 
     # ------------------------------------------------------------ effects
     def _execute(self, effects: list[Effect]) -> None:
+        asking: tuple[str, OpId, bytes] | None = None  # one write's request, encoded once
         for effect in effects:
             if isinstance(effect, Grant):
                 pending = self._release(effect.op)
@@ -1341,7 +1356,10 @@ class FileService:
             elif isinstance(effect, SendApprovalRequest):
                 connection = self.connections.get(effect.holder)
                 if connection is not None:
-                    connection.send(p.ApprovalRequest(path=effect.path, write=effect.write))
+                    if asking is None or asking[:2] != (effect.path, effect.write):
+                        ask = p.ApprovalRequest(path=effect.path, write=effect.write)
+                        asking = (effect.path, effect.write, p.encode(ask))
+                    connection.send_frame(asking[2], push=True)
             elif isinstance(effect, ApplyWrite):
                 delay = trio.current_time() - self._pending[effect.op].arrived
                 self.latency.write_delay.observe(delay)

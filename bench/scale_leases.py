@@ -1,0 +1,349 @@
+"""Lease scale, measured with a real server process and real clients: what a million
+live leases cost the server's memory, and how long a write waits when thousands of
+clients hold the file it writes.
+
+Both measurements start a server in its own process (:func:`scale_server`: the
+``fscache serve`` code with its connection caps raised, since one identity opens
+thousands of connections here) and client processes (:class:`WorkerPool` workers,
+each running many :func:`fscache.open_client` clients under one trio loop).
+
+* :func:`measure_leases` -- for each shape ``(files, holders)``, a fresh server
+  over a tree of empty files, and clients that read until every file is leased by
+  ``holders`` sessions. A session holds at most ``PER_SESSION`` leases (below the
+  server's per-session limit), so a shape takes ``holders * ceil(files /
+  PER_SESSION)`` sessions, one connection each: the protocol has one session per
+  connection. The row is the server's resident set size once every lease is
+  granted (``/proc/PID/status``, ``VmRSS``), against its size before the first
+  client: ``bytes_per_lease`` is the growth over the leases, file names and the
+  server's own per-file state (its content cache) included.
+* :func:`measure_fanout` -- ``holders`` clients read one file, then one more client
+  writes it: each holder is sent an approval request, approves at once, and the
+  write is applied. ``apply_s`` is the writer's time from the write's request to
+  its reply, over a few repetitions (the holders read the file again between them).
+
+Nothing here is asserted by tests: the figures belong to the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import resource
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import trio
+
+import fscache
+from fscache.bench.harness import ServerProcess, _spawn
+from fscache.bench.procs import WorkerPool
+from fscache.cli import parse_serving_line
+
+PER_SESSION = 50_000  # leases one session takes; the server's default limit is 65,536
+FILES_PER_DIR = 1_000
+CONNECT_AT_ONCE = 16  # handshakes a worker has under way at a time
+CONNECT_ATTEMPTS = 20  # a busy machine can miss the client's handshake or liveness timeouts
+RETRY_AFTER = 1.0  # seconds between attempts: the client reconnects by itself meanwhile
+READS_AT_ONCE = 32  # reads one client has in flight
+READS_PER_WORKER = 128  # reads a worker's clients have in flight together: a read waiting
+# longer than 3 s for its reply makes the client give its link up
+FANOUT_TARGET = 0  # the file every fan-out holder reads: file_name(0)
+TERM = 3600.0  # no lease expires while it is measured
+FANOUT_TERM = 60.0  # a holder that cannot approve (its link lost) delays a write this long
+
+
+# ---------------------------------------------------------------- the tree
+def file_name(i: int) -> str:
+    return f"d{i // FILES_PER_DIR:04d}/f{i:07d}"
+
+
+def make_tree(root: str, files: int) -> None:
+    """``files`` empty files (no data blocks: only names and inodes) under ``root``."""
+    for i in range(0, files, FILES_PER_DIR):
+        os.makedirs(os.path.join(root, os.path.dirname(file_name(i))), exist_ok=True)
+    for i in range(files):
+        os.close(os.open(os.path.join(root, file_name(i)), os.O_WRONLY | os.O_CREAT, 0o600))
+
+
+# ---------------------------------------------------------------- the server
+def _raise_open_files() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+@contextlib.contextmanager
+def scale_server(root: str, *, term: float = TERM) -> Iterator[ServerProcess]:
+    """A server process on a free port, with room for tens of thousands of
+    connections from one identity (the defaults cap them at 1024, 256 per identity)."""
+    argv = [sys.executable, "-m", "fscache.bench.scale_leases", "serve", root, repr(term)]
+    server = _spawn("fscache", argv, parse_serving_line)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _serve(root: str, term: float) -> None:
+    from fscache.server.service import ServerSettings, serve
+
+    _raise_open_files()
+    connections = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 64
+    settings = ServerSettings(
+        root=root, port=0, term=term, hot_writes=0,
+        max_connections=connections, max_connections_per_identity=connections,
+    )  # fmt: skip
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            service = await nursery.start(serve, settings)
+            print(f"fscache serving {root} on {service.host}:{service.port} (term {term:g} s)")
+            sys.stdout.flush()
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    break
+            nursery.cancel_scope.cancel()
+
+    trio.run(run)
+
+
+# ---------------------------------------------------------------- the clients
+class _Round:
+    """Clients of one worker in step: each reads its files once per round."""
+
+    def __init__(self, clients: int) -> None:
+        self.clients = clients
+        self.done = 0
+        self.all_done = trio.Event()
+        self.go = trio.Event()
+        self.stop = False
+        self.failed: BaseException | None = None
+        self.reading = trio.Semaphore(READS_PER_WORKER)
+
+    def start(self, *, stop: bool = False) -> None:
+        self.done, self.all_done, self.stop = 0, trio.Event(), stop
+        go, self.go = self.go, trio.Event()
+        go.set()
+
+    def finished_one(self) -> None:
+        self.done += 1
+        if self.done == self.clients:
+            self.all_done.set()
+
+
+async def _hold(
+    address: tuple[str, int],
+    files: range,
+    round_: _Round,
+    go: trio.Event,
+    connecting: trio.Semaphore,
+) -> None:
+    """One client: read ``files`` on each round (the first starts with ``go``), and
+    keep the leases between rounds."""
+    async with connecting:
+        for attempt in range(CONNECT_ATTEMPTS):
+            client_cm = fscache.open_client(*address)
+            try:
+                client = await client_cm.__aenter__()
+                break
+            except fscache.Unavailable:
+                if attempt == CONNECT_ATTEMPTS - 1:
+                    raise
+                await trio.sleep(RETRY_AFTER)
+    try:
+        while True:
+            await go.wait()
+            if round_.stop:
+                return
+            go = round_.go
+            async with trio.open_nursery() as nursery:
+                for start in range(READS_AT_ONCE):
+                    share = files[start::READS_AT_ONCE]
+                    nursery.start_soon(_read_each, client, share, round_.reading)
+            round_.finished_one()
+    except BaseException as exc:
+        round_.failed = exc
+        round_.all_done.set()
+        raise
+    finally:
+        await client_cm.__aexit__(None, None, None)
+
+
+async def _read_each(client: Any, files: range, reading: trio.Semaphore) -> None:
+    for i in files:
+        for attempt in range(CONNECT_ATTEMPTS):  # the client gives up a link silent for 3 s
+            try:
+                async with reading:
+                    await client.read(file_name(i))
+                break
+            except fscache.Unavailable:
+                if attempt == CONNECT_ATTEMPTS - 1:
+                    raise
+                await trio.sleep(RETRY_AFTER)
+
+
+async def _worker_main(pipe: Any) -> None:
+    request = await trio.to_thread.run_sync(pipe.recv)
+    address, specs = request
+    round_ = _Round(len(specs))
+    connecting = trio.Semaphore(CONNECT_AT_ONCE)
+    async with trio.open_nursery() as nursery:
+        for first, stop in specs:
+            files = range(first, stop)
+            nursery.start_soon(_hold, address, files, round_, round_.go, connecting)
+        command: Any = "read"
+        while command is not None:
+            started = time.monotonic()
+            round_.start()
+            await round_.all_done.wait()
+            if round_.failed is not None:
+                raise round_.failed
+            pipe.send(time.monotonic() - started)
+            command = await trio.to_thread.run_sync(pipe.recv)
+        round_.start(stop=True)
+
+
+def _worker(pipe: Any) -> None:
+    _raise_open_files()
+    trio.run(_worker_main, pipe)
+
+
+class Holders:
+    """Client processes whose clients read their files on each :meth:`read_all`."""
+
+    def __init__(self, address: tuple[str, int], specs: Sequence[tuple[int, int]], processes: int):
+        self.processes = max(1, min(processes, len(specs)))
+        self.pool = WorkerPool(_worker, self.processes, name="holders")
+        share = [list(specs[n :: self.processes]) for n in range(self.processes)]
+        self.pool.send_all([(address, s) for s in share])
+        self.pool.receive_all(timeout=3600)
+
+    def read_all(self) -> None:
+        self.pool.send_all(["read"] * self.processes)
+        self.pool.receive_all(timeout=3600)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+# ---------------------------------------------------------------- measurements
+def measure_leases(
+    shapes: Sequence[tuple[int, int]] = ((100_000, 10), (1_000_000, 1)),
+    *,
+    processes: int = 4,
+) -> list[dict[str, float]]:
+    """Server RSS with ``files * holders`` live leases, for each ``(files, holders)``."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fscache-scale-") as root:
+        make_tree(root, max(files for files, _ in shapes))
+        for files, holders in shapes:
+            groups = math.ceil(files / PER_SESSION)
+            specs = [
+                (g * PER_SESSION, min(files, (g + 1) * PER_SESSION))
+                for _ in range(holders)
+                for g in range(groups)
+            ]
+            with scale_server(root) as server:
+                baseline = rss_bytes(server.pid)
+                holding = Holders(("127.0.0.1", server.port), specs, processes)
+                try:
+                    leases = trio.run(_live_leases, server.port)
+                    rss = rss_bytes(server.pid)
+                finally:
+                    holding.close()
+            rows.append(
+                {
+                    "files": files,
+                    "holders": holders,
+                    "sessions": len(specs),
+                    "leases": leases,
+                    "server_rss_bytes": rss,
+                    "baseline_rss_bytes": baseline,
+                    "bytes_per_lease": (rss - baseline) / max(1, leases),
+                }
+            )
+    return rows
+
+
+async def _live_leases(port: int) -> int:
+    async with fscache.open_client("127.0.0.1", port) as client:
+        stats = await client.server_stats()
+    return int(stats["leases_active"])
+
+
+def measure_fanout(
+    holders: Sequence[int] = (100, 1_000, 10_000),
+    *,
+    repetitions: int = 5,
+    processes: int = 4,
+) -> list[dict[str, float]]:
+    """Seconds from a write's request to its reply when ``n`` clients hold the file
+    and each approves at once, for each ``n`` in ``holders``."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fscache-fanout-") as root:
+        make_tree(root, FANOUT_TARGET + 1)
+        with scale_server(root, term=FANOUT_TERM) as server:
+            for n in holders:
+                spec = (FANOUT_TARGET, FANOUT_TARGET + 1)
+                holding = Holders(("127.0.0.1", server.port), [spec] * n, processes)
+                try:
+                    times = []
+                    for rep in range(repetitions):
+                        if rep:
+                            holding.read_all()
+                        times.append(trio.run(_timed_write, server.port))
+                finally:
+                    holding.close()
+                print(f"fan-out to {n} holders: {times}", file=sys.stderr, flush=True)
+                rows.append(
+                    {
+                        "holders": n,
+                        "repetitions": repetitions,
+                        "apply_p50_s": statistics.median(times),
+                        "apply_max_s": max(times),
+                    }
+                )
+    return rows
+
+
+async def _timed_write(port: int) -> float:
+    async with fscache.open_client("127.0.0.1", port) as client:
+        started = time.perf_counter()
+        await client.write(file_name(FANOUT_TARGET), b"x")
+        return time.perf_counter() - started
+
+
+def _main(argv: Sequence[str]) -> int:
+    if len(argv) == 3 and argv[0] == "serve":
+        _serve(argv[1], float(argv[2]))
+        return 0
+    print("usage: python -m fscache.bench.scale_leases serve ROOT TERM", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
+
+
+__all__ = [
+    "file_name",
+    "make_tree",
+    "measure_fanout",
+    "measure_leases",
+    "rss_bytes",
+    "scale_server",
+]

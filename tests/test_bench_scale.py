@@ -1,0 +1,42 @@
+"""The scale benchmark (``python -m fscache.bench.scale``), run at its quick sizes.
+
+Test rules: one real run, with a real server process, client processes and TCP on
+127.0.0.1 (ports picked by the kernel). It asserts that the table and the files are
+written and that every measurement has rows or says why not -- never a figure.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from fscache.bench import scale
+
+
+def test_the_quick_run_prints_the_table_and_writes_json_and_the_plot(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "fscache.bench.scale", "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    for heading in ("connections:", "leases:", "fanout:", "restart storm:", "fairness:"):
+        assert heading in run.stdout
+    results = json.loads((tmp_path / scale.SCALE_JSON).read_text())
+    assert results["quick"] is True
+    assert (tmp_path / scale.SCALE_PNG).stat().st_size > 0
+
+    leases = results["leases"]
+    assert [(r["files"], r["holders"]) for r in leases] == [(2_000, 2), (5_000, 1)]
+    assert all(r["leases"] == r["files"] * r["holders"] for r in leases)
+    assert [r["holders"] for r in results["fanout"]] == [10, 50]
+    for name in ("connections", "restart_storm", "fairness"):  # rows, or why there are none
+        value = results[name]
+        assert value, name
+        if isinstance(value, dict) and "not_measured" in value:
+            assert "scale_conns" in value["not_measured"]
+            assert value["not_measured"] in run.stdout
