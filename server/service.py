@@ -60,7 +60,7 @@ import math
 import secrets
 import signal
 import ssl
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any, ClassVar
@@ -244,9 +244,16 @@ class Outbox:
     Replies to a batch of requests are sent by the task that read the batch
     (:meth:`flush`), joined into one send and without waking another task; frames
     queued at other times (approval requests caused by another client, replies to
-    writes that waited) are sent by the connection's sender task (:meth:`run`).
-    Only one send is ever under way, so frames leave in the order they were queued.
+    writes that waited) are sent by a sender task (:meth:`run`), started when such a
+    frame is queued and ended when the queue is empty, so an idle connection has
+    none. Only one send is ever under way, so frames leave in the order they were
+    queued.
     """
+
+    __slots__ = (
+        "_frames", "_send_now", "_sender_running", "_sending", "batching", "closed",
+        "limit", "nbytes", "send_started", "start_sender", "wire",
+    )  # fmt: skip
 
     def __init__(self, wire: Wire, limit: int) -> None:
         self.wire = wire
@@ -254,11 +261,13 @@ class Outbox:
         # Writes without waiting (plain TCP): replies to a batch leave with no await.
         self._send_now = wire.send_now if isinstance(wire, SocketWire) else None
         self.send_started: float | None = None  # when the send under way began
-        self._frames: deque[bytes] = deque()
+        self._frames: list[bytes] = []
         self.nbytes = 0
-        self._ready = trio.Event()
         self._sending = False
-        self.batching = False  # the reading task will flush: do not wake the sender
+        self._sender_running = False
+        # Starts a task running :meth:`run`; None: no task may start (frames wait).
+        self.start_sender: Callable[[], None] | None = None
+        self.batching = False  # the reading task will flush: start no sender
         self.closed = False
 
     def put(self, frame: bytes) -> bool:
@@ -268,13 +277,19 @@ class Outbox:
         self._frames.append(frame)
         self.nbytes += len(frame)
         if not self.batching:
-            self._ready.set()
+            self.wake_sender()
         return self.nbytes <= self.limit
+
+    def wake_sender(self) -> None:
+        """Start a sender task if frames wait and none runs."""
+        if self._frames and not self._sender_running and self.start_sender is not None:
+            self._sender_running = True
+            self.start_sender()
 
     def _take(self) -> bytes:
         """Everything queued, as one buffer (one send for many replies)."""
         frames = self._frames
-        data = frames.popleft() if len(frames) == 1 else b"".join(frames)
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
         frames.clear()
         self.nbytes = 0
         return data
@@ -288,8 +303,7 @@ class Outbox:
         finally:
             self._sending = False
             self.send_started = None
-        if self._frames:
-            self._ready.set()
+        self.wake_sender()  # queued meanwhile: a sender sends it (this one, if it runs)
 
     def flush_now(self) -> bool:
         """Write what is queued as far as the kernel takes it now, unless a send is
@@ -315,18 +329,19 @@ class Outbox:
             await self._send_queued()
 
     async def run(self) -> None:
-        """The sender task: send whatever is queued while no one else is sending."""
-        while True:
-            while not self._frames or self._sending:
-                if self.closed and not self._frames:
-                    return
-                await self._ready.wait()
-                self._ready = trio.Event()
-            await self._send_queued()
+        """The sender: send what is queued, in order, until nothing is (or another
+        task's send is under way: that task starts a sender again if it must)."""
+        self._sender_running = True
+        try:
+            while self._frames and not self._sending:
+                await self._send_queued()
+        finally:
+            self._sender_running = False
 
     def close(self) -> None:
+        """No more frames; those queued still go out."""
         self.closed = True
-        self._ready.set()
+        self.wake_sender()
 
 
 @dataclasses.dataclass(slots=True)
@@ -526,6 +541,7 @@ class FileService:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._run_timer)
+            nursery.start_soon(self._watch_sends)
             task_status.started()
 
     async def _accept(
@@ -714,15 +730,16 @@ class FileService:
             try:
                 self._execute(self.table.connected(holder, trio.current_time()))
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._send_loop, outbox, cancel)
-                    watchdog = trio.CancelScope()
-                    nursery.start_soon(self._watch_sends, connection, watchdog)
+                    # the welcome goes out with the first batch's replies: no sender yet
+                    outbox.start_sender = partial(
+                        nursery.start_soon, self._send_loop, outbox, cancel
+                    )
                     await self._receive_loop(wire, decoder, connection)
-                    outbox.close()  # flush what is queued, then the sender ends
-                    watchdog.cancel()
+                    outbox.close()  # what is queued goes out, then the sender ends
             finally:
                 self._by_identity[identity] -= 1
                 connection.alive = False
+                outbox.start_sender = None  # its nursery is closed
                 outbox.close()
                 for upload in connection.uploads.values():  # never committed: removed
                     self.store.upload_abort(upload)
@@ -745,19 +762,21 @@ class FileService:
         if cancel.cancelled_caught:
             self.counters.connections_dropped += 1
 
-    async def _watch_sends(self, connection: Connection, scope: trio.CancelScope) -> None:
-        """Drop the connection when a send has not completed within send_timeout: the
-        peer stopped reading. (A watchdog, not a cancel scope around every send.)"""
+    async def _watch_sends(self) -> None:
+        """Drop each connection whose send has not completed within send_timeout: its
+        peer stopped reading. One watchdog for the server, looking every quarter of
+        the timeout, rather than a cancel scope around every send or a task per
+        connection."""
         timeout = self.settings.send_timeout
-        with scope:
-            while True:
-                await trio.sleep(timeout / 4)
+        while True:
+            await trio.sleep(timeout / 4)
+            now = trio.current_time()
+            for connection in list(self.connections.values()):
                 started = connection.outbox.send_started
-                if started is not None and trio.current_time() - started >= timeout:
+                if started is not None and now - started >= timeout:
                     log.warning("%s stopped reading its replies; dropping it", connection.peer)
                     connection.alive = False
                     connection.cancel.cancel()
-                    return
 
     async def _send_loop(self, outbox: Outbox, cancel: trio.CancelScope) -> None:
         try:
