@@ -126,6 +126,10 @@ INCARNATION_FILE = "incarnation.json"  # in the store's state directory
 MAX_UPLOADS = 16  # open uploads per connection: each holds a temp file and two descriptors
 SECRET_BYTES = 16  # a session's secret: unguessable, as a 128-bit key is
 MAX_SECRET = 64  # bytes: a hello's secret longer than this is refused unread
+# Requests one connection handles before the others get a turn: a client pipelining
+# thousands of requests delays another's by at most this many (about 1 ms), while
+# the replies to a turn still leave in one write.
+MAX_REQUESTS_PER_TURN = 32
 
 
 @dataclasses.dataclass
@@ -795,12 +799,12 @@ class FileService:
         self, wire: Wire, decoder: p.FrameDecoder, connection: Connection
     ) -> None:
         outbox = connection.outbox
-        received_with_hello = True  # frames may have come in the hello's packet
+        buffered_first = True  # frames may have come in the hello's packet
         received_at = frame_began = trio.current_time()  # frame_began: the buffered frame's
         max_in_flight = self.settings.max_in_flight
         frame_timeout = self.settings.frame_timeout
         while not connection.goodbye:
-            if not received_with_hello:
+            if not buffered_first:
                 if decoder.buffered:  # a frame has begun: it must arrive whole in time
                     with trio.move_on_at(frame_began + frame_timeout) as late:
                         data = await wire.receive()
@@ -818,12 +822,13 @@ class FileService:
                 if not decoder.buffered:
                     frame_began = received_at
                 decoder.feed(data)
-            received_with_hello = False
             outbox.batching = True
+            handled = 0
             try:
                 while (message := decoder.next_message()) is not None:
                     frame_began = received_at  # what is left began in the last receive
                     self._dispatch(connection, message)
+                    handled += 1
                     if connection.part is not None:
                         await self._write_part(connection)
                         received_at = trio.current_time()  # the socket was not read meanwhile
@@ -832,6 +837,8 @@ class FileService:
                     if connection.in_flight >= max_in_flight:
                         await self._wait_for_a_slot(connection)
                         received_at = trio.current_time()
+                    if handled == MAX_REQUESTS_PER_TURN:
+                        break
             except (ProtocolError, TooLarge) as exc:
                 self._close_for(connection, exc)
                 return
@@ -840,8 +847,11 @@ class FileService:
             sent = outbox.flush_now()  # the replies first, the bookkeeping after
             self._deadline_may_have_moved()  # once per batch, for the reads' new leases
             if not sent:
-                await outbox.flush()
+                await outbox.flush()  # backpressure: read no more until the kernel takes it
             self.store.settle()  # close and cache what the batch read, now the replies are out
+            buffered_first = handled == MAX_REQUESTS_PER_TURN
+            if buffered_first:  # the turn is over: let other connections run first
+                await trio.lowlevel.checkpoint()
 
     def _close_for(self, connection: Connection, exc: FscacheError) -> None:
         """End the connection for ``exc``, a fault of its own, saying why."""
