@@ -57,6 +57,7 @@ import ipaddress
 import json
 import logging
 import math
+import resource
 import secrets
 import signal
 import ssl
@@ -130,6 +131,10 @@ MAX_SECRET = 64  # bytes: a hello's secret longer than this is refused unread
 # thousands of requests delays another's by at most this many (about 1 ms), while
 # the replies to a turn still leave in one write.
 MAX_REQUESTS_PER_TURN = 32
+# Connections the kernel queues for accept(): as many as it allows (it silently caps
+# this at net.core.somaxconn, 4096 on current Linux), so that thousands of clients
+# reconnecting at once after a restart wait in the queue instead of being dropped.
+LISTEN_BACKLOG = 0xFFFF
 
 
 @dataclasses.dataclass
@@ -520,8 +525,9 @@ class FileService:
             from fscache.tls import server_context
 
             ssl_context = server_context(s.tls_dir)
+        _raise_open_files_limit()
         try:
-            listeners = await trio.open_tcp_listeners(s.port, host=s.host)
+            listeners = await trio.open_tcp_listeners(s.port, host=s.host, backlog=LISTEN_BACKLOG)
         except OSError as exc:
             raise FscacheError(f"cannot listen on {s.host}:{s.port}: {exc}") from None
         self.host, self.port = listeners[0].socket.getsockname()[:2]
@@ -1459,6 +1465,20 @@ class FileService:
         if live == 0 and not self._pending:
             end_incarnation_cleanly(self.store, self.policy.max_term, self.settings.skew)
         return live
+
+
+def _raise_open_files_limit() -> None:
+    """Raise the soft limit on open files to the hard limit: each connection is one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        log.info("open files limit: %s", soft)
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("open files limit stays %s (hard limit %s: %s)", soft, hard, exc)
+        return
+    log.info("open files limit raised from %s to the hard limit %s", soft, hard)
 
 
 def load_access(path: str) -> AccessRules:
