@@ -156,7 +156,8 @@ class _Clients:
                     if settled == count:
                         all_settled.set()
                     await self._closed.wait()
-            except fscache.FscacheError:
+            except fscache.FscacheError as exc:
+                print(f"a client did not connect: {exc!r}", file=sys.stderr)
                 settled += 1
                 if settled == count:
                     all_settled.set()
@@ -173,19 +174,18 @@ class _Clients:
             await trio.sleep(0.01)
 
     async def wait_back(self, timeout: float) -> list[float]:
-        """When each client's reconnect count moves (``time.monotonic()``); inf if not
-        within ``timeout``."""
-        before = [client.stats["reconnects"] for client in self.clients]
+        """When each client is connected to a new server incarnation (its ``epoch``
+        changed), as ``time.monotonic()``; inf if not within ``timeout``."""
+        before = [client.epoch for client in self.clients]
         back = [math.inf] * len(self.clients)
         waiting = set(range(len(self.clients)))
         deadline = time.monotonic() + timeout
         while waiting and time.monotonic() < deadline:
-            await trio.sleep(0.02)
+            await trio.sleep(0.01)
             now = time.monotonic()
-            for i in list(waiting):
-                if self.clients[i].stats["reconnects"] > before[i]:
-                    back[i] = now
-                    waiting.discard(i)
+            for i in [i for i in waiting if self.clients[i].epoch != before[i]]:
+                back[i] = now
+                waiting.discard(i)
         return back
 
     async def read_all(self, path: str, expected: bytes) -> tuple[int, int]:
