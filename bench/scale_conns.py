@@ -95,7 +95,7 @@ def start_server(
     if address is None:
         stop_command(popen, 5.0)
         raise RuntimeError(f"server did not start: {line.strip() or 'no output'}; see {log_path}")
-    return ServerProcess("fscache", popen, address[1])  # type: ignore[arg-type]
+    return ServerProcess("fscache", popen, address[1])
 
 
 def rss_bytes(pid: int) -> int:
