@@ -14,7 +14,10 @@ many :func:`fscache.open_client` clients in one trio loop and driven over a pipe
 
 * :func:`measure_connections` -- the server's RSS (``VmRSS`` of ``/proc/PID/status``)
   with no client, then with ``count`` idle clients connected, each holding the lease
-  of one file it has read. ``per_client_bytes`` is the difference over the count.
+  of one file it has read (all the same file). ``per_client_bytes`` is the
+  difference over the count. These clients are bare connections that said hello
+  and read, so that ten thousand of them cost the machine no CPU while idle (an
+  ``open_client`` client keeps timers); to the server they are the same.
 * :func:`measure_restart_storm` -- ``clients`` clients hold a lease; the server is
   SIGKILLed and started again on the same port. Each client's time back is when its
   reconnect count moved, measured from when the new server printed that it
@@ -164,7 +167,10 @@ class _Clients:
                 settle()
                 return
             async with stack:
-                await client.read(path)
+                for _ in range(CONNECT_ATTEMPTS):  # the link may drop on a loaded machine
+                    with contextlib.suppress(fscache.Unavailable):
+                        await client.read(path)
+                        break
                 self.clients.append(client)
                 settle()
                 await self._closed.wait()
@@ -173,6 +179,47 @@ class _Clients:
             self.nursery.start_soon(one)
         await all_settled.wait()
         return len(self.clients)
+
+    async def connect_raw(self, host: str, port: int, count: int, path: str) -> int:
+        """Open ``count`` bare connections that each say hello and read ``path`` (so
+        hold its lease), then stay idle; how many did. To the server these are idle
+        clients; unlike :func:`fscache.open_client` clients they cost this process no
+        timers, so ten thousand of them leave the machine's CPU to the server."""
+        limit = trio.CapacityLimiter(CONNECTS_AT_ONCE)
+        hello_and_read = p.encode(p.Hello(version=p.PROTOCOL_VERSION, client_id="idle"))
+        hello_and_read += p.encode(p.Read(id=1, path=path))
+        connected = settled = 0
+        all_settled = trio.Event()
+
+        async def one() -> None:
+            nonlocal connected, settled
+            try:
+                async with limit:
+                    stream = await trio.open_tcp_stream(host, port)
+                    await stream.send_all(hello_and_read)
+                    decoder = p.FrameDecoder()
+                    replies: list[p.Message] = []
+                    while len(replies) < 2:  # welcome, data
+                        data = await stream.receive_some(65536)
+                        if not data:
+                            raise trio.BrokenResourceError("closed by the server")
+                        decoder.feed(data)
+                        replies.extend(decoder)
+            except (OSError, trio.BrokenResourceError) as exc:
+                print(f"a client did not connect: {exc!r}", file=sys.stderr)
+                replies = []
+            settled += 1
+            if settled == count:
+                all_settled.set()
+            if len(replies) == 2 and isinstance(replies[1], p.Data) and replies[1].term > 0:
+                connected += 1
+                async with stream:
+                    await self._closed.wait()
+
+        for _ in range(count):
+            self.nursery.start_soon(one)
+        await all_settled.wait()
+        return connected
 
     async def close(self) -> None:
         """Close every client (each says goodbye) and wait until they are closed."""
@@ -295,6 +342,8 @@ async def _work(pipe: Any) -> None:
             name, *args = command
             if name == "connect":
                 pipe.send(await clients.connect(*args))
+            elif name == "connect_raw":
+                pipe.send(await clients.connect_raw(*args))
             elif name == "wait_back":
                 pipe.send(await clients.wait_back(*args))
             elif name == "read_all":
@@ -336,8 +385,10 @@ def _shares(clients: int) -> list[int]:
     return [clients // workers + (i < clients % workers) for i in range(workers)]
 
 
-def _connect(pool: WorkerPool, shares: list[int], port: int) -> None:
-    pool.send_all([("connect", "127.0.0.1", port, n, SHARED_FILE) for n in shares])
+def _connect(pool: WorkerPool, shares: list[int], port: int, how: str = "connect") -> None:
+    """Connect ``shares`` clients in the pool's workers, with ``fscache.open_client``
+    (``connect``) or as bare idle connections (``connect_raw``)."""
+    pool.send_all([(how, "127.0.0.1", port, n, SHARED_FILE) for n in shares])
     connected = pool.receive_all(WORKER_TIMEOUT)
     if connected != shares:
         raise RuntimeError(f"clients connected per worker: {connected}, wanted {shares}")
@@ -355,7 +406,7 @@ def measure_connections(counts: Sequence[int]) -> list[dict[str, float]]:
             try:
                 time.sleep(SETTLE)
                 baseline = rss_bytes(server.pid)
-                _connect(pool, shares, server.port)
+                _connect(pool, shares, server.port, "connect_raw")
                 time.sleep(SETTLE)
                 rss = rss_bytes(server.pid)
                 pool.send_all([("close",)] * len(shares))
