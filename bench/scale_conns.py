@@ -56,7 +56,7 @@ import trio
 
 import fscache
 from fscache import protocol as p
-from fscache.bench.harness import ServerProcess, free_port
+from fscache.bench.harness import ServerProcess, free_port, process_cpu_seconds
 from fscache.bench.procs import WorkerPool, stop_command
 from fscache.cli import parse_serving_line
 from fscache.client.client import Client
@@ -443,7 +443,8 @@ def measure_restart_storm(clients: int) -> dict[str, float]:
             overflowed = listen_overflows() - overflows
             print(
                 f"restart storm: {sum(map(math.isfinite, back))} of {clients} clients back,"
-                f" the last {max(back):.2f} s after the server listened; writing",
+                f" the last {max(back):.2f} s after the server listened, which used"
+                f" {process_cpu_seconds(server.pid):.1f} s of CPU meanwhile; writing",
                 file=sys.stderr, flush=True,
             )  # fmt: skip
             new = b"generation 1"

@@ -525,11 +525,11 @@ class FileService:
             from fscache.tls import server_context
 
             ssl_context = server_context(s.tls_dir)
-        _raise_open_files_limit()
         try:
             listeners = await trio.open_tcp_listeners(s.port, host=s.host, backlog=LISTEN_BACKLOG)
         except OSError as exc:
             raise FscacheError(f"cannot listen on {s.host}:{s.port}: {exc}") from None
+        _raise_open_files_limit()
         self.host, self.port = listeners[0].socket.getsockname()[:2]
         if ssl_context is None and not all(_is_loopback(lst) for lst in listeners):
             log.warning(
