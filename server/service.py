@@ -7,8 +7,9 @@ and the :class:`~fscache.server.store.Store` (the bytes). Every connection task
 decodes frames and hands each request to the service *synchronously*: the lease
 table is called with ``trio.current_time()`` and the effects it returns are
 carried out at once, in order, by :meth:`FileService._execute`. Replies are put
-in the connection's :class:`Outbox`, which one sender task per connection drains
-in order. So a read's reply is always queued before any approval request that a
+in the connection's :class:`Outbox`, which is drained in order, by the reading
+task after each batch or by a sender task started for what is queued between
+batches. So a read's reply is always queued before any approval request that a
 later write causes for the same holder -- the race "approval overtakes a grant
 in flight" cannot happen on one connection.
 
@@ -30,9 +31,14 @@ part in a worker thread before it reads the next frame, so a connection holds at
 most one part in memory and parts land in order; a commit fsyncs the temp file
 in a worker thread first, then enters the table like a ``write``.
 
-A client that stops reading cannot stall anyone else: each connection has its
-own sender task, and once its unsent replies exceed ``max_outbox`` bytes the
-connection is dropped (its leases are then waited out, like a crashed client's).
+A client that stops reading cannot stall anyone else: each connection sends its
+own replies, and once its unsent replies exceed ``max_outbox`` bytes, or a send of
+them has not finished within ``send_timeout`` (one watchdog task looks at every
+connection), the connection is dropped (its leases are then waited out, like a
+crashed client's). A client that pipelines cannot either: a connection handles at
+most ``MAX_REQUESTS_PER_TURN`` requests, then yields to the others, and reads its
+socket only when its replies are out. An idle connection keeps one task (its
+reader) and no receive buffer (:mod:`fscache.net`).
 
 Plain TCP connections are driven on the socket's descriptor
 (:class:`fscache.net.SocketWire`): a request costs one pass through trio's
