@@ -366,7 +366,7 @@ class _Nemesis:
             )  # fmt: skip
             while time.monotonic() < deadline:
                 text = out_path.read_text(errors="replace")
-                address = parse_serving_line(text.partition("\n")[0])
+                address = next(filter(None, map(parse_serving_line, text.splitlines())), None)
                 if address is not None:
                     self.port = address[1]
                     return

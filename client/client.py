@@ -36,7 +36,7 @@ The transport's errors (a broken, closed or failed socket) become fscache's at
 one boundary, :class:`_TransportErrors`. If the connection breaks (or stops
 answering pings while requests wait), every waiting request fails with
 :class:`Unavailable`, entries stay trusted until their expiry, and a background
-task reconnects with exponential backoff. The server re-sends approval requests
+task reconnects with jittered exponential backoff. The server re-sends approval requests
 we may have missed when we come back.
 
 Ephemeral files this client wrote are remembered (path and data) until it deletes
@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import random
 import ssl
 import time
 import uuid
@@ -97,8 +98,8 @@ M = TypeVar("M", bound=p.Message)
 
 CONNECT_TIMEOUT = 5.0
 RECONNECT_WAIT = 1.0  # a request waits this long for a lost connection to come back
-BACKOFF_FIRST = 0.05
-BACKOFF_MAX = 2.0
+BACKOFF_FIRST = 0.05  # s: the cap of the first wait after a failed connection attempt
+BACKOFF_MAX = 2.0  # s: the cap doubles per failure up to this
 PING_AFTER = 1.0  # silence while requests wait before we ping
 DEAD_AFTER = 3.0  # silence while requests wait before the connection is given up
 RELINQUISH_BATCH = 256
@@ -107,6 +108,15 @@ READ_ATTEMPTS = 8  # a big file read whole that changes this often between chunk
 
 Source = IO[bytes] | bytes | bytearray | memoryview
 Fencing = locks.Lock | p.Fence | None  # what fence= takes: a lock, or (name, token)
+
+
+def backoff_delay(failures: int) -> float:
+    """The wait after ``failures`` + 1 failed connection attempts in a row: full
+    jitter, uniform in [0, min(BACKOFF_MAX, BACKOFF_FIRST * 2**failures)]. Clients
+    that lost one server together retry at spread-out times, not in lockstep waves
+    that overflow its listen queue when it comes back."""
+    cap = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** min(failures, 32))
+    return random.uniform(0.0, cap)
 
 
 class _Changed(Exception):
@@ -1236,18 +1246,18 @@ class Client:
     async def _run(self, first: tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]) -> None:
         """Keep a connection up until closed: serve it, reconnect with backoff."""
         connection: tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder] | None = first
-        backoff = BACKOFF_FIRST
+        failures = 0
         while not self._closing:
             if connection is None:
                 try:
                     connection = await self._connect_once()
                 except FscacheError as exc:
                     log.debug("reconnect to %s failed: %s", self.address, exc)
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, BACKOFF_MAX)
+                    await trio.sleep(backoff_delay(failures))
+                    failures += 1
                     continue
                 self._counters.reconnects += 1
-            backoff = BACKOFF_FIRST
+            failures = 0
             await self._serve_link(*connection)
             connection = None
 

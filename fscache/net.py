@@ -11,6 +11,12 @@ writes with one non-blocking ``write`` (waiting for writability only when the
 kernel's buffer is full) and reads after ``trio.lowlevel.wait_readable`` -- one
 pass per message, which is also the checkpoint. TLS and in-memory streams (tests)
 go through :class:`StreamWire`, which is the plain trio stream.
+
+Memory: an idle connection holds no receive buffer. Every :class:`SocketWire` in one
+trio run reads into the same buffer of :data:`RECEIVE_SIZE` bytes, which is safe
+because one trio run is one thread and a receiver consumes (copies into its frame
+decoder) what :meth:`SocketWire.receive` returned before it next awaits. So ten
+thousand idle connections cost one 64 KiB buffer, not ten thousand.
 """
 
 from __future__ import annotations
@@ -22,10 +28,26 @@ import trio
 
 RECEIVE_SIZE = 64 * 1024  # per read; a bigger frame simply takes several reads
 
+# The one receive buffer of a trio run, and a view of it (see the note above).
+_RECEIVE_BUFFER: trio.lowlevel.RunVar[tuple[bytearray, memoryview]] = trio.lowlevel.RunVar(
+    "fscache.net receive buffer"
+)
+
+
+def _receive_buffer() -> tuple[bytearray, memoryview]:
+    """This trio run's receive buffer, made on first use."""
+    try:
+        return _RECEIVE_BUFFER.get()
+    except LookupError:
+        buffer = bytearray(RECEIVE_SIZE)
+        _RECEIVE_BUFFER.set((buffer, memoryview(buffer)))
+        return _RECEIVE_BUFFER.get()
+
 
 class Wire(Protocol):
     async def receive(self) -> bytes | bytearray | memoryview:
-        """The next bytes received (valid until the next call), or empty at EOF."""
+        """The next bytes received, or empty at EOF. Valid only until the caller next
+        awaits: the buffer behind them is shared by the run's connections."""
         ...
 
     async def send_all(self, data: bytes) -> None: ...
@@ -56,12 +78,13 @@ class SocketWire:
     read or write touches the descriptor number again, which the kernel may by then
     have given to another file. Errors come out as trio's stream errors."""
 
+    __slots__ = ("_buffer", "_view", "closed", "fd", "stream")
+
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
         self.fd = stream.socket.fileno()
         self.closed = False
-        self._buffer = bytearray(RECEIVE_SIZE)
-        self._view = memoryview(self._buffer)
+        self._buffer, self._view = _receive_buffer()  # shared: see the module's note
 
     async def receive(self) -> memoryview:
         while True:

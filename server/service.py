@@ -7,8 +7,9 @@ and the :class:`~fscache.server.store.Store` (the bytes). Every connection task
 decodes frames and hands each request to the service *synchronously*: the lease
 table is called with ``trio.current_time()`` and the effects it returns are
 carried out at once, in order, by :meth:`FileService._execute`. Replies are put
-in the connection's :class:`Outbox`, which one sender task per connection drains
-in order. So a read's reply is always queued before any approval request that a
+in the connection's :class:`Outbox`, which is drained in order, by the reading
+task after each batch or by a sender task started for what is queued between
+batches. So a read's reply is always queued before any approval request that a
 later write causes for the same holder -- the race "approval overtakes a grant
 in flight" cannot happen on one connection.
 
@@ -30,9 +31,14 @@ part in a worker thread before it reads the next frame, so a connection holds at
 most one part in memory and parts land in order; a commit fsyncs the temp file
 in a worker thread first, then enters the table like a ``write``.
 
-A client that stops reading cannot stall anyone else: each connection has its
-own sender task, and once its unsent replies exceed ``max_outbox`` bytes the
-connection is dropped (its leases are then waited out, like a crashed client's).
+A client that stops reading cannot stall anyone else: each connection sends its
+own replies, and once its unsent replies exceed ``max_outbox`` bytes, or a send of
+them has not finished within ``send_timeout`` (one watchdog task looks at every
+connection), the connection is dropped (its leases are then waited out, like a
+crashed client's). A client that pipelines cannot either: a connection handles at
+most ``MAX_REQUESTS_PER_TURN`` requests, then yields to the others, and reads its
+socket only when its replies are out. An idle connection keeps one task (its
+reader) and no receive buffer (:mod:`fscache.net`).
 
 Plain TCP connections are driven on the socket's descriptor
 (:class:`fscache.net.SocketWire`): a request costs one pass through trio's
@@ -63,12 +69,13 @@ import ipaddress
 import json
 import logging
 import math
+import resource
 import secrets
 import signal
 import ssl
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any, ClassVar
@@ -140,6 +147,14 @@ INCARNATION_FILE = "incarnation.json"  # in the store's state directory
 MAX_UPLOADS = 16  # open uploads per connection: each holds a temp file and two descriptors
 SECRET_BYTES = 16  # a session's secret: unguessable, as a 128-bit key is
 MAX_SECRET = 64  # bytes: a hello's secret longer than this is refused unread
+# Requests one connection handles before the others get a turn: a client pipelining
+# thousands of requests delays another's by at most this many (about 1 ms), while
+# the replies to a turn still leave in one write.
+MAX_REQUESTS_PER_TURN = 32
+# Connections the kernel queues for accept(): as many as it allows (it silently caps
+# this at net.core.somaxconn, 4096 on current Linux), so that thousands of clients
+# reconnecting at once after a restart wait in the queue instead of being dropped.
+LISTEN_BACKLOG = 0xFFFF
 
 
 @dataclasses.dataclass
@@ -260,9 +275,16 @@ class Outbox:
     Replies to a batch of requests are sent by the task that read the batch
     (:meth:`flush`), joined into one send and without waking another task; frames
     queued at other times (approval requests caused by another client, replies to
-    writes that waited) are sent by the connection's sender task (:meth:`run`).
-    Only one send is ever under way, so frames leave in the order they were queued.
+    writes that waited) are sent by a sender task (:meth:`run`), started when such a
+    frame is queued and ended when the queue is empty, so an idle connection has
+    none. Only one send is ever under way, so frames leave in the order they were
+    queued.
     """
+
+    __slots__ = (
+        "_frames", "_send_now", "_sender_running", "_sending", "batching", "closed",
+        "limit", "nbytes", "send_started", "start_sender", "wire",
+    )  # fmt: skip
 
     def __init__(self, wire: Wire, limit: int) -> None:
         self.wire = wire
@@ -270,11 +292,13 @@ class Outbox:
         # Writes without waiting (plain TCP): replies to a batch leave with no await.
         self._send_now = wire.send_now if isinstance(wire, SocketWire) else None
         self.send_started: float | None = None  # when the send under way began
-        self._frames: deque[bytes] = deque()
+        self._frames: list[bytes] = []
         self.nbytes = 0
-        self._ready = trio.Event()
         self._sending = False
-        self.batching = False  # the reading task will flush: do not wake the sender
+        self._sender_running = False
+        # Starts a task running :meth:`run`; None: no task may start (frames wait).
+        self.start_sender: Callable[[], None] | None = None
+        self.batching = False  # the reading task will flush: start no sender
         self.closed = False
 
     def put(self, frame: bytes) -> bool:
@@ -284,7 +308,7 @@ class Outbox:
         self._frames.append(frame)
         self.nbytes += len(frame)
         if not self.batching:
-            self._ready.set()
+            self.wake_sender()
         return self.nbytes <= self.limit
 
     def push(self, frame: bytes) -> bool:
@@ -300,10 +324,16 @@ class Outbox:
             sent = 0  # the sender task meets the error and ends the connection
         return True if sent == len(frame) else self.put(frame[sent:])
 
+    def wake_sender(self) -> None:
+        """Start a sender task if frames wait and none runs."""
+        if self._frames and not self._sender_running and self.start_sender is not None:
+            self._sender_running = True
+            self.start_sender()
+
     def _take(self) -> bytes:
         """Everything queued, as one buffer (one send for many replies)."""
         frames = self._frames
-        data = frames.popleft() if len(frames) == 1 else b"".join(frames)
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
         frames.clear()
         self.nbytes = 0
         return data
@@ -317,8 +347,7 @@ class Outbox:
         finally:
             self._sending = False
             self.send_started = None
-        if self._frames:
-            self._ready.set()
+        self.wake_sender()  # queued meanwhile: a sender sends it (this one, if it runs)
 
     def flush_now(self) -> bool:
         """Write what is queued as far as the kernel takes it now, unless a send is
@@ -344,18 +373,19 @@ class Outbox:
             await self._send_queued()
 
     async def run(self) -> None:
-        """The sender task: send whatever is queued while no one else is sending."""
-        while True:
-            while not self._frames or self._sending:
-                if self.closed and not self._frames:
-                    return
-                await self._ready.wait()
-                self._ready = trio.Event()
-            await self._send_queued()
+        """The sender: send what is queued, in order, until nothing is (or another
+        task's send is under way: that task starts a sender again if it must)."""
+        self._sender_running = True
+        try:
+            while self._frames and not self._sending:
+                await self._send_queued()
+        finally:
+            self._sender_running = False
 
     def close(self) -> None:
+        """No more frames; those queued still go out."""
         self.closed = True
-        self._ready.set()
+        self.wake_sender()
 
 
 @dataclasses.dataclass(slots=True)
@@ -544,9 +574,10 @@ class FileService:
 
             ssl_context = server_context(s.tls_dir)
         try:
-            listeners = await trio.open_tcp_listeners(s.port, host=s.host)
+            listeners = await trio.open_tcp_listeners(s.port, host=s.host, backlog=LISTEN_BACKLOG)
         except OSError as exc:
             raise FscacheError(f"cannot listen on {s.host}:{s.port}: {exc}") from None
+        _raise_open_files_limit()
         self.host, self.port = listeners[0].socket.getsockname()[:2]
         if ssl_context is None and not all(_is_loopback(lst) for lst in listeners):
             log.warning(
@@ -577,6 +608,7 @@ class FileService:
             nursery.start_soon(self._run_timer)
             await nursery.start(self.locks.run)
             self._delete_tied(self.ephemeral.recover(trio.current_time()))
+            nursery.start_soon(self._watch_sends)
             task_status.started()
 
     async def _accept(
@@ -773,15 +805,16 @@ class FileService:
             try:
                 self._execute(self.table.connected(holder, trio.current_time()))
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._send_loop, outbox, cancel)
-                    watchdog = trio.CancelScope()
-                    nursery.start_soon(self._watch_sends, connection, watchdog)
+                    # the welcome goes out with the first batch's replies: no sender yet
+                    outbox.start_sender = partial(
+                        nursery.start_soon, self._send_loop, outbox, cancel
+                    )
                     await self._receive_loop(wire, decoder, connection)
-                    outbox.close()  # flush what is queued, then the sender ends
-                    watchdog.cancel()
+                    outbox.close()  # what is queued goes out, then the sender ends
             finally:
                 self._by_identity[identity] -= 1
                 connection.alive = False
+                outbox.start_sender = None  # its nursery is closed
                 outbox.close()
                 for upload in connection.uploads.values():  # never committed: removed
                     self.store.upload_abort(upload)
@@ -812,19 +845,21 @@ class FileService:
         if cancel.cancelled_caught:
             self.counters.connections_dropped += 1
 
-    async def _watch_sends(self, connection: Connection, scope: trio.CancelScope) -> None:
-        """Drop the connection when a send has not completed within send_timeout: the
-        peer stopped reading. (A watchdog, not a cancel scope around every send.)"""
+    async def _watch_sends(self) -> None:
+        """Drop each connection whose send has not completed within send_timeout: its
+        peer stopped reading. One watchdog for the server, looking every quarter of
+        the timeout, rather than a cancel scope around every send or a task per
+        connection."""
         timeout = self.settings.send_timeout
-        with scope:
-            while True:
-                await trio.sleep(timeout / 4)
+        while True:
+            await trio.sleep(timeout / 4)
+            now = trio.current_time()
+            for connection in list(self.connections.values()):
                 started = connection.outbox.send_started
-                if started is not None and trio.current_time() - started >= timeout:
+                if started is not None and now - started >= timeout:
                     log.warning("%s stopped reading its replies; dropping it", connection.peer)
                     connection.alive = False
                     connection.cancel.cancel()
-                    return
 
     async def _send_loop(self, outbox: Outbox, cancel: trio.CancelScope) -> None:
         try:
@@ -843,12 +878,12 @@ class FileService:
         self, wire: Wire, decoder: p.FrameDecoder, connection: Connection
     ) -> None:
         outbox = connection.outbox
-        received_with_hello = True  # frames may have come in the hello's packet
+        buffered_first = True  # frames may have come in the hello's packet
         received_at = frame_began = trio.current_time()  # frame_began: the buffered frame's
         max_in_flight = self.settings.max_in_flight
         frame_timeout = self.settings.frame_timeout
         while not connection.goodbye:
-            if not received_with_hello:
+            if not buffered_first:
                 if decoder.buffered:  # a frame has begun: it must arrive whole in time
                     with trio.move_on_at(frame_began + frame_timeout) as late:
                         data = await wire.receive()
@@ -866,13 +901,14 @@ class FileService:
                 if not decoder.buffered:
                     frame_began = received_at
                 decoder.feed(data)
-            received_with_hello = False
             connection.received_at = received_at
             outbox.batching = True
+            handled = 0
             try:
                 while (message := decoder.next_message()) is not None:
                     frame_began = received_at  # what is left began in the last receive
                     self._dispatch(connection, message)
+                    handled += 1
                     if connection.part is not None:
                         await self._write_part(connection)
                         received_at = trio.current_time()  # the socket was not read meanwhile
@@ -881,6 +917,8 @@ class FileService:
                     if connection.in_flight >= max_in_flight:
                         await self._wait_for_a_slot(connection)
                         received_at = trio.current_time()
+                    if handled == MAX_REQUESTS_PER_TURN:
+                        break
             except (ProtocolError, TooLarge) as exc:
                 self._close_for(connection, exc)
                 return
@@ -889,8 +927,11 @@ class FileService:
             sent = outbox.flush_now()  # the replies first, the bookkeeping after
             self._deadline_may_have_moved()  # once per batch, for the reads' new leases
             if not sent:
-                await outbox.flush()
+                await outbox.flush()  # backpressure: read no more until the kernel takes it
             self.store.settle()  # close and cache what the batch read, now the replies are out
+            buffered_first = handled == MAX_REQUESTS_PER_TURN
+            if buffered_first:  # the turn is over: let other connections run first
+                await trio.lowlevel.checkpoint()
 
     def _close_for(self, connection: Connection, exc: FscacheError) -> None:
         """End the connection for ``exc``, a fault of its own, saying why."""
@@ -1585,6 +1626,20 @@ class FileService:
         if live == 0 and not self._pending:
             end_incarnation_cleanly(self.store, self.policy.max_term, self.settings.skew)
         return live
+
+
+def _raise_open_files_limit() -> None:
+    """Raise the soft limit on open files to the hard limit: each connection is one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        log.info("open files limit: %s", soft)
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("open files limit stays %s (hard limit %s: %s)", soft, hard, exc)
+        return
+    log.info("open files limit raised from %s to the hard limit %s", soft, hard)
 
 
 def load_access(path: str) -> AccessRules:

@@ -1,0 +1,563 @@
+"""Connections at scale, with real processes: the server's memory per idle client, a
+restart storm, and one client's read latency while another floods the server.
+
+    python -m fscache.bench.scale_conns [--clients 10000] [--seconds 5]
+
+Theory of operation
+-------------------
+Every measurement starts its own server (a child process on 127.0.0.1, started by
+``python -m fscache.bench.scale_conns serve``: ``fscache serve`` with the connection
+limits raised to the number of clients) and client *worker* processes, each running
+many :func:`fscache.open_client` clients in one trio loop and driven over a pipe
+(:class:`fscache.bench.procs.WorkerPool`). Times that cross processes are
+``time.monotonic()``, one system-wide clock on Linux.
+
+* :func:`measure_connections` -- the server's RSS (``VmRSS`` of ``/proc/PID/status``)
+  with no client, then with ``count`` idle clients connected, each holding the lease
+  of one file it has read (all the same file). ``per_client_bytes`` is the
+  difference over the count. These clients are bare connections that said hello
+  and read, so that ten thousand of them cost the machine no CPU while idle (an
+  ``open_client`` client keeps timers); to the server they are the same.
+* :func:`measure_restart_storm` -- ``clients`` clients hold a lease; the server is
+  SIGKILLed and started again on the same port. Each client's time back is when its
+  reconnect count moved, measured from when the new server printed that it
+  listens. Then a file is written through the new server (which first waits out the
+  old incarnation's leases) and every client reads it: an old value is a stale read.
+  ``refused`` counts connections the kernel dropped because the listen queue was
+  full (``ListenOverflows`` in ``/proc/net/netstat``, machine-wide, over the storm)
+  plus connections the server refused at its limits.
+* :func:`measure_fairness` -- a prober client reads one file (term 0: every read is a
+  round trip) every few milliseconds for ``seconds`` alone, then again while a
+  flooder pipelines read requests on one raw connection as fast as the server
+  answers them. ``ratio`` is the loaded median over the idle median.
+
+Nothing here is asserted by tests: the figures belong to the machine they were
+taken on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import trio
+
+import fscache
+from fscache import protocol as p
+from fscache.bench.harness import ServerProcess, free_port, process_cpu_seconds
+from fscache.bench.procs import WorkerPool, stop_command
+from fscache.cli import parse_serving_line
+from fscache.client.client import Client
+
+CLIENTS_PER_WORKER = 1000  # clients one worker process runs in its trio loop
+CONNECTS_AT_ONCE = 16  # per worker while clients first connect (not a storm: setup)
+CONNECT_ATTEMPTS = 5  # a busy machine may not answer a handshake in the client's 5 s
+TERM = 2.0  # s: the restart storm's write waits out one term plus skew
+SKEW = 0.1
+SHARED_FILE = "held.txt"  # the file every client reads and holds a lease on
+PROBE_EVERY = 0.005  # s between the prober's reads
+FLOOD_DEPTH = 1024  # requests the flooder keeps in flight
+FLOOD_BATCH = 128  # requests it writes at once
+SETTLE = 1.0  # s after the clients connect before the server's RSS is read
+BACK_TIMEOUT = 120.0  # s every client has to come back after a restart
+WORKER_TIMEOUT = 600.0  # s a worker has to answer one command
+
+
+# ---------------------------------------------------------------- the server
+def _serve_argv(root: str, port: int, term: float, max_connections: int) -> list[str]:
+    return [
+        sys.executable, "-m", "fscache.bench.scale_conns", "serve", "--root", root,
+        "--port", str(port), "--term", repr(term), "--max-connections", str(max_connections),
+    ]  # fmt: skip
+
+
+def start_server(
+    root: str, *, port: int = 0, term: float = TERM, max_connections: int = 1024
+) -> ServerProcess:
+    """A server in a child process, its log in ``root``'s parent directory."""
+    log_path = os.path.join(os.path.dirname(root), f"server-{port}.log")
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(
+            _serve_argv(root, port, term, max_connections),
+            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+    assert popen.stdout is not None
+    line = popen.stdout.readline()
+    address = parse_serving_line(line)
+    if address is None:
+        stop_command(popen, 5.0)
+        raise RuntimeError(f"server did not start: {line.strip() or 'no output'}; see {log_path}")
+    return ServerProcess("fscache", popen, address[1])
+
+
+def rss_bytes(pid: int) -> int:
+    """``VmRSS`` of process ``pid``."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def listen_overflows() -> int:
+    """The kernel's count of connections dropped for a full listen queue (all sockets)."""
+    with open("/proc/net/netstat") as f:
+        rows = [line.split() for line in f if line.startswith("TcpExt:")]
+    names, values = rows[0], rows[1]
+    return int(values[names.index("ListenOverflows")])
+
+
+async def _serve(root: str, port: int, term: float, max_connections: int) -> None:
+    from fscache.server.service import ServerSettings, serve
+
+    settings = ServerSettings(
+        root=root, port=port, term=term, skew=SKEW, hot_writes=0,
+        max_connections=max_connections, max_connections_per_identity=max_connections,
+    )  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        service = await nursery.start(serve, settings)
+        print(f"fscache serving {root} on {service.host}:{service.port} (term {term:g} s)")
+        sys.stdout.flush()
+
+
+# ---------------------------------------------------------------- client workers
+class _Clients:
+    """One worker's clients, each held open by its own task until :meth:`close`."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+        self.clients: list[Client] = []
+        self._closed = trio.Event()
+
+    async def connect(self, host: str, port: int, count: int, path: str) -> int:
+        """Open ``count`` clients that each read ``path``; how many did."""
+        limit = trio.CapacityLimiter(CONNECTS_AT_ONCE)
+        settled = 0
+        all_settled = trio.Event()
+
+        def settle() -> None:
+            nonlocal settled
+            settled += 1
+            if settled == count:
+                all_settled.set()
+
+        async def one() -> None:
+            for _ in range(CONNECT_ATTEMPTS):
+                try:
+                    async with limit:
+                        stack = contextlib.AsyncExitStack()
+                        client = await stack.enter_async_context(fscache.open_client(host, port))
+                    break
+                except fscache.Unavailable as exc:
+                    error = exc
+            else:
+                print(f"a client did not connect: {error!r}", file=sys.stderr)
+                settle()
+                return
+            async with stack:
+                for _ in range(CONNECT_ATTEMPTS):  # the link may drop on a loaded machine
+                    with contextlib.suppress(fscache.Unavailable):
+                        await client.read(path)
+                        break
+                self.clients.append(client)
+                settle()
+                await self._closed.wait()
+
+        for _ in range(count):
+            self.nursery.start_soon(one)
+        await all_settled.wait()
+        return len(self.clients)
+
+    async def connect_raw(self, host: str, port: int, count: int, path: str) -> int:
+        """Open ``count`` bare connections that each say hello and read ``path`` (so
+        hold its lease), then stay idle; how many did. To the server these are idle
+        clients; unlike :func:`fscache.open_client` clients they cost this process no
+        timers, so ten thousand of them leave the machine's CPU to the server."""
+        limit = trio.CapacityLimiter(CONNECTS_AT_ONCE)
+        hello_and_read = p.encode(p.Hello(version=p.PROTOCOL_VERSION, client_id="idle"))
+        hello_and_read += p.encode(p.Read(id=1, path=path))
+        connected = settled = 0
+        all_settled = trio.Event()
+
+        async def one() -> None:
+            nonlocal connected, settled
+            try:
+                async with limit:
+                    stream = await trio.open_tcp_stream(host, port)
+                    await stream.send_all(hello_and_read)
+                    decoder = p.FrameDecoder()
+                    replies: list[p.Message] = []
+                    while len(replies) < 2:  # welcome, data
+                        data = await stream.receive_some(65536)
+                        if not data:
+                            raise trio.BrokenResourceError("closed by the server")
+                        decoder.feed(data)
+                        replies.extend(decoder)
+            except (OSError, trio.BrokenResourceError) as exc:
+                print(f"a client did not connect: {exc!r}", file=sys.stderr)
+                replies = []
+            settled += 1
+            if settled == count:
+                all_settled.set()
+            if len(replies) == 2 and isinstance(replies[1], p.Data) and replies[1].term > 0:
+                connected += 1
+                async with stream:
+                    await self._closed.wait()
+
+        for _ in range(count):
+            self.nursery.start_soon(one)
+        await all_settled.wait()
+        return connected
+
+    async def close(self) -> None:
+        """Close every client (each says goodbye) and wait until they are closed."""
+        self._closed.set()
+        while self.nursery.child_tasks:
+            await trio.sleep(0.01)
+
+    async def wait_back(self, timeout: float) -> list[float]:
+        """When each client is connected to a new server incarnation (its ``epoch``
+        changed), as ``time.monotonic()``; inf if not within ``timeout``."""
+        before = [client.epoch for client in self.clients]
+        back = [math.inf] * len(self.clients)
+        waiting = set(range(len(self.clients)))
+        deadline = time.monotonic() + timeout
+        while waiting and time.monotonic() < deadline:
+            await trio.sleep(0.01)
+            now = time.monotonic()
+            for i in [i for i in waiting if self.clients[i].epoch != before[i]]:
+                back[i] = now
+                waiting.discard(i)
+        return back
+
+    async def read_all(self, path: str, expected: bytes) -> tuple[int, int]:
+        """Every client reads ``path``: (reads of another value, failed reads)."""
+        stale = failed = 0
+
+        async def one(client: Any) -> None:
+            nonlocal stale, failed
+            for _ in range(CONNECT_ATTEMPTS):  # its link may be down: it comes back
+                with contextlib.suppress(fscache.Unavailable):
+                    stale += await client.read(path) != expected
+                    return
+            failed += 1
+
+        async with trio.open_nursery() as nursery:
+            for client in self.clients:
+                nursery.start_soon(one, client)
+        return stale, failed
+
+    async def probe(self, host: str, port: int, seconds: float) -> list[float]:
+        """Read one file every PROBE_EVERY s for ``seconds``: each read's latency."""
+        latencies = []
+        async with fscache.open_client(host, port) as client:
+            await client.read(SHARED_FILE)
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                began = time.perf_counter()
+                await client.read(SHARED_FILE)
+                latencies.append(time.perf_counter() - began)
+                await trio.sleep(PROBE_EVERY)
+        return latencies
+
+
+async def flood(host: str, port: int, stop: trio.Event) -> int:
+    """Pipeline reads of SHARED_FILE on one raw connection until ``stop``: FLOOD_DEPTH
+    in flight, written FLOOD_BATCH at a time. The number answered. The requests are
+    encoded once and the replies only counted, so the flooder spends its CPU time
+    sending, not decoding."""
+    stream = await trio.open_tcp_stream(host, port)
+    hello = p.Hello(version=p.PROTOCOL_VERSION, client_id="flooder")
+    batch = b"".join(p.encode(p.Read(id=i + 1, path=SHARED_FILE)) for i in range(FLOOD_BATCH))
+    frames = -1  # the welcome is not an answer
+    sent = 0
+    room = trio.Event()
+
+    async def count_replies() -> None:
+        nonlocal frames, room
+        buffer = bytearray()
+        while True:
+            data = await stream.receive_some(256 * 1024)
+            if not data:
+                return
+            buffer += data
+            at = 0
+            while len(buffer) - at >= p.HEADER.size:
+                end = at + p.HEADER.size + p.HEADER.unpack_from(buffer, at)[0]
+                if end > len(buffer):
+                    break
+                frames += 1
+                at = end
+            del buffer[:at]
+            room.set()
+
+    async with stream, trio.open_nursery() as nursery:
+        await stream.send_all(p.encode(hello))
+        nursery.start_soon(count_replies)
+        while not stop.is_set():
+            while sent - frames >= FLOOD_DEPTH and not stop.is_set():
+                with trio.move_on_after(0.1):
+                    await room.wait()
+                room = trio.Event()
+            await stream.send_all(batch)
+            sent += FLOOD_BATCH
+        nursery.cancel_scope.cancel()
+    return frames
+
+
+def _worker(pipe: Any) -> None:
+    """A client worker process: run commands from ``pipe`` until None."""
+    logging_off()
+    trio.run(_work, pipe)
+
+
+def logging_off() -> None:
+    import logging
+
+    logging.getLogger("fscache").setLevel(logging.CRITICAL)
+
+
+async def _work(pipe: Any) -> None:
+    flood_stop = trio.Event()
+    async with trio.open_nursery() as nursery, trio.open_nursery() as held:
+        clients = _Clients(held)
+        while True:
+            command = await trio.to_thread.run_sync(pipe.recv)
+            if command is None:
+                flood_stop.set()
+                await clients.close()
+                nursery.cancel_scope.cancel()
+                return
+            name, *args = command
+            if name == "connect":
+                pipe.send(await clients.connect(*args))
+            elif name == "connect_raw":
+                pipe.send(await clients.connect_raw(*args))
+            elif name == "wait_back":
+                pipe.send(await clients.wait_back(*args))
+            elif name == "read_all":
+                pipe.send(await clients.read_all(*args))
+            elif name == "probe":
+                pipe.send(await clients.probe(*args))
+            elif name == "flood":
+                nursery.start_soon(_flood_until, flood_stop, pipe, *args)
+            elif name == "stop_flood":
+                flood_stop.set()  # _flood_until answers with the count
+            elif name == "close":
+                await clients.close()
+                clients = _Clients(held)
+                pipe.send(True)
+
+
+async def _flood_until(stop: trio.Event, pipe: Any, host: str, port: int) -> None:
+    pipe.send(await flood(host, port, stop))
+
+
+# ---------------------------------------------------------------- the measurements
+@contextlib.contextmanager
+def _workdir() -> Iterator[str]:
+    """A fresh directory holding the server's root (with SHARED_FILE) and its log."""
+    base = tempfile.mkdtemp(prefix="fscache-scale-")
+    root = os.path.join(base, "root")
+    os.mkdir(root)
+    with open(os.path.join(root, SHARED_FILE), "wb") as f:
+        f.write(b"generation 0")
+    try:
+        yield root
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _shares(clients: int) -> list[int]:
+    """``clients`` split over worker processes of at most CLIENTS_PER_WORKER each."""
+    workers = max(1, math.ceil(clients / CLIENTS_PER_WORKER))
+    return [clients // workers + (i < clients % workers) for i in range(workers)]
+
+
+def _connect(pool: WorkerPool, shares: list[int], port: int, how: str = "connect") -> None:
+    """Connect ``shares`` clients in the pool's workers, with ``fscache.open_client``
+    (``connect``) or as bare idle connections (``connect_raw``)."""
+    pool.send_all([(how, "127.0.0.1", port, n, SHARED_FILE) for n in shares])
+    connected = pool.receive_all(WORKER_TIMEOUT)
+    if connected != shares:
+        raise RuntimeError(f"clients connected per worker: {connected}, wanted {shares}")
+
+
+def measure_connections(counts: Sequence[int]) -> list[dict[str, float]]:
+    """For each count, the server's RSS with that many idle clients each holding one
+    lease, against its RSS before any client connected."""
+    rows = []
+    for count in counts:
+        shares = _shares(count)
+        with _workdir() as root:
+            server = start_server(root, max_connections=count + 16)
+            pool = WorkerPool(_worker, len(shares), name="scale-client")
+            try:
+                time.sleep(SETTLE)
+                baseline = rss_bytes(server.pid)
+                _connect(pool, shares, server.port, "connect_raw")
+                time.sleep(SETTLE)
+                rss = rss_bytes(server.pid)
+                pool.send_all([("close",)] * len(shares))
+                pool.receive_all(WORKER_TIMEOUT)
+            finally:
+                pool.close()
+                server.stop()
+        rows.append({
+            "clients": float(count),
+            "server_rss_bytes": float(rss),
+            "baseline_rss_bytes": float(baseline),
+            "per_client_bytes": (rss - baseline) / max(count, 1),
+        })  # fmt: skip
+    return rows
+
+
+def measure_restart_storm(clients: int) -> dict[str, float]:
+    """SIGKILL the server under ``clients`` connected clients, start it again: how long
+    until they are all back, how many were refused, how many read an old value."""
+    shares = _shares(clients)
+    port = free_port()
+    with _workdir() as root:
+        server = start_server(root, port=port, max_connections=clients + 16)
+        pool = WorkerPool(_worker, len(shares), name="scale-client")
+        try:
+            _connect(pool, shares, port)
+            pool.send_all([("wait_back", BACK_TIMEOUT)] * len(shares))
+            overflows = listen_overflows()
+            os.kill(server.pid, signal.SIGKILL)
+            server.stop()
+            server = start_server(root, port=port, max_connections=clients + 16)
+            up = time.monotonic()
+            back = [t - up for times in pool.receive_all(WORKER_TIMEOUT) for t in times]
+            overflowed = listen_overflows() - overflows
+            print(
+                f"restart storm: {sum(map(math.isfinite, back))} of {clients} clients back,"
+                f" the last {max(back):.2f} s after the server listened, which used"
+                f" {process_cpu_seconds(server.pid):.1f} s of CPU meanwhile; writing",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+            new = b"generation 1"
+            refused_by_server = trio.run(_write_and_count_refusals, port, new)
+            pool.send_all([("read_all", SHARED_FILE, new)] * len(shares))
+            results = pool.receive_all(WORKER_TIMEOUT)
+            pool.send_all([("close",)] * len(shares))
+            pool.receive_all(WORKER_TIMEOUT)
+        finally:
+            pool.close()
+            server.stop()
+    stale = sum(s for s, _ in results)
+    failed = sum(f for _, f in results)
+    print(f"restart storm: {stale} stale reads, {failed} reads failed", file=sys.stderr)
+    return {
+        "clients": float(clients),
+        "all_back_s": max(back),
+        "median_back_s": statistics.median(back),
+        "refused": float(overflowed + refused_by_server),
+        "stale_reads": float(stale + failed),  # did not read the new data (split above)
+    }
+
+
+async def _write_and_count_refusals(port: int, data: bytes) -> int:
+    """Write ``data`` to SHARED_FILE (waiting out the restart window); the server's
+    count of refused connections. Tried again while the server, still busy with the
+    storm, does not answer the handshake in time (writing the same data is idempotent)."""
+    for _ in range(CONNECT_ATTEMPTS - 1):
+        with contextlib.suppress(fscache.Unavailable):
+            return await _write_once(port, data)
+    return await _write_once(port, data)
+
+
+async def _write_once(port: int, data: bytes) -> int:
+    async with fscache.open_client("127.0.0.1", port) as client:
+        await client.write(SHARED_FILE, data)
+        return int((await client.server_stats())["connections_refused"])
+
+
+def measure_fairness(seconds: float = 5.0) -> dict[str, float]:
+    """A prober's read latency alone and while another client floods the server."""
+    with _workdir() as root:
+        server = start_server(root, term=0.0)
+        pool = WorkerPool(_worker, 2, name="scale-fairness")
+        prober, flooder = pool.pipes
+        try:
+            prober.send(("probe", "127.0.0.1", server.port, seconds))
+            idle = _receive(pool, 0)
+            flooder.send(("flood", "127.0.0.1", server.port))
+            time.sleep(0.5)  # the flood is under way
+            prober.send(("probe", "127.0.0.1", server.port, seconds))
+            loaded = _receive(pool, 0)
+            flooder.send(("stop_flood",))
+            _receive(pool, 1)
+        finally:
+            pool.close()
+            server.stop()
+    idle_median = statistics.median(idle)
+    loaded_median = statistics.median(loaded)
+    return {
+        "idle_median_s": idle_median,
+        "idle_p99_s": _percentile(idle, 0.99),
+        "loaded_median_s": loaded_median,
+        "loaded_p99_s": _percentile(loaded, 0.99),
+        "ratio": loaded_median / idle_median,
+    }
+
+
+def _receive(pool: WorkerPool, i: int) -> Any:
+    pipe, process = pool.pipes[i], pool.processes[i]
+    deadline = time.monotonic() + WORKER_TIMEOUT
+    while not pipe.poll(0.2):
+        if not process.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"{process.name} did not answer")
+    return pipe.recv()
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ---------------------------------------------------------------- command line
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fscache.bench.scale_conns",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    sub = parser.add_subparsers(dest="command")
+    serve = sub.add_parser("serve", help="the server the measurements start")
+    serve.add_argument("--root", required=True)
+    serve.add_argument("--port", type=int, default=0)
+    serve.add_argument("--term", type=float, default=TERM)
+    serve.add_argument("--max-connections", type=int, default=1024)
+    parser.add_argument("--clients", type=int, default=10000, help="for the storm and the top row")
+    parser.add_argument("--seconds", type=float, default=5.0, help="each fairness phase")
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        trio.run(_serve, args.root, args.port, args.term, args.max_connections)
+        return 0
+    counts = sorted({args.clients // 10, args.clients // 2, args.clients} - {0})
+    report: dict[str, Any] = {"connections": measure_connections(counts)}
+    print(json.dumps(report, indent=1), flush=True)
+    report["restart_storm"] = measure_restart_storm(args.clients)
+    print(json.dumps(report["restart_storm"], indent=1), flush=True)
+    report["fairness"] = measure_fairness(args.seconds)
+    print(json.dumps(report["fairness"], indent=1), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Many connections: what an idle one keeps, reconnect backoff, restart storms, and
+one client's turn while another floods.
+
+Test rules: localhost only, port 0 (the restart storm reuses the port the killed
+server had). The in-process tests run the service over memory streams and assert
+counts and order; the storm and the flood use real processes, real TCP and
+SIGKILL, and assert what every client saw (all came back, none read old data),
+never how fast.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import trio
+import trio.testing
+
+from fscache import protocol as p
+from fscache.bench.scale_conns import (
+    measure_connections,
+    measure_fairness,
+    measure_restart_storm,
+)
+from fscache.client.client import BACKOFF_FIRST, BACKOFF_MAX, backoff_delay
+from fscache.net import SocketWire
+from fscache.server.service import MAX_REQUESTS_PER_TURN
+from tests.harness import Cluster
+
+
+@pytest.fixture
+async def cluster(nursery, root):
+    (root / "f").write_bytes(b"x")
+    cluster = Cluster(nursery, root)
+    await cluster.start()
+    return cluster
+
+
+def _all_tasks() -> int:
+    """Every task in this trio run."""
+    count = 0
+    nurseries = list(trio.lowlevel.current_root_task().child_nurseries)
+    while nurseries:
+        nursery = nurseries.pop()
+        for task in nursery.child_tasks:
+            count += 1
+            nurseries.extend(task.child_nurseries)
+    return count
+
+
+# ---------------------------------------------------------------- an idle connection
+async def test_an_idle_connection_holding_a_lease_keeps_one_task(cluster):
+    before = _all_tasks()
+    peers = [await cluster.raw(f"idle-{i}") for i in range(10)]
+    for peer in peers:
+        reply = await peer.read("f")
+        assert isinstance(reply, p.Data) and reply.term > 0  # it holds a lease
+    await trio.testing.wait_all_tasks_blocked()
+    assert _all_tasks() - before == 10  # its reader; no sender, no watchdog
+    for peer in peers:
+        await peer.close()
+
+
+async def test_a_connection_still_gets_replies_queued_outside_its_turn(cluster):
+    """A frame queued while no batch is read (an approval request) starts a sender,
+    which ends once the queue is empty."""
+    holder = await cluster.raw("holder")
+    assert isinstance(await holder.read("f"), p.Data)
+    before = _all_tasks()
+    async with cluster.client("writer") as writer, trio.open_nursery() as nursery:
+        nursery.start_soon(writer.write, "f", b"y")
+        request = await holder.receive()
+        assert isinstance(request, p.ApprovalRequest) and request.path == "f"
+        await holder.send(p.Approve(path="f", write=request.write))
+    await trio.testing.wait_all_tasks_blocked()
+    assert _all_tasks() == before  # the writer is gone; the holder's sender ended
+    await holder.close()
+
+
+async def test_socket_wires_of_one_run_share_one_receive_buffer():
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with listeners[0]:
+        streams = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
+        wires = [SocketWire(stream) for stream in streams]
+        assert wires[0]._buffer is wires[1]._buffer
+        for wire in wires:
+            await wire.aclose()
+
+
+# ---------------------------------------------------------------- fairness
+async def test_a_pipelining_client_leaves_the_others_a_turn(cluster):
+    """A backlog of reads on one connection is handled MAX_REQUESTS_PER_TURN at a
+    time: another client's read is answered before the backlog is done."""
+    backlog = 20 * MAX_REQUESTS_PER_TURN
+    flooder = await cluster.raw("flooder")
+    prober = await cluster.raw("prober")
+    counters = cluster.service.counters
+    await flooder.send_bytes(b"".join(p.encode(p.Read(id=i + 1, path="f")) for i in range(backlog)))
+    while counters.reads == 0:  # the flooder's connection has begun its backlog
+        await trio.lowlevel.checkpoint()
+    assert counters.reads <= MAX_REQUESTS_PER_TURN
+    reply = await prober.read("f")
+    assert isinstance(reply, p.Data)
+    assert counters.reads < backlog  # answered while the backlog was still being read
+    for i in range(backlog):
+        reply = await flooder.receive()
+        assert isinstance(reply, p.Data) and reply.id == i + 1  # all of it, in order
+
+
+def test_a_client_is_served_while_another_floods_the_server():
+    """Real processes: a prober's reads all complete while a flooder pipelines reads."""
+    result = measure_fairness(seconds=0.5)
+    assert set(result) == {
+        "idle_median_s", "idle_p99_s", "loaded_median_s", "loaded_p99_s", "ratio",
+    }  # fmt: skip
+    assert all(math.isfinite(value) and value > 0 for value in result.values())
+
+
+# ---------------------------------------------------------------- reconnecting
+def test_backoff_waits_are_fully_jittered_under_a_doubling_bound():
+    for failures in range(12):
+        bound = min(BACKOFF_MAX, BACKOFF_FIRST * 2**failures)
+        waits = [backoff_delay(failures) for _ in range(200)]
+        assert all(0 <= wait <= bound for wait in waits)
+        assert len(set(waits)) == len(waits)  # distinct: no two clients in lockstep
+        assert min(waits) < bound / 4 and max(waits) > 3 * bound / 4  # spread over it
+    assert backoff_delay(10_000) <= BACKOFF_MAX
+
+
+def test_every_client_comes_back_after_a_sigkill_and_reads_the_new_data():
+    """200 clients in 1 process hold a lease; the server is SIGKILLed and restarted on
+    its port. Each reconnects by itself; a file written after the restart reads new
+    for every one of them."""
+    result = measure_restart_storm(200)
+    assert result["clients"] == 200
+    assert math.isfinite(result["all_back_s"])  # every client came back
+    assert 0 <= result["median_back_s"] <= result["all_back_s"]
+    assert result["stale_reads"] == 0
+
+
+def test_measure_connections_reports_one_row_per_count():
+    rows = measure_connections([5, 20])
+    assert [row["clients"] for row in rows] == [5, 20]
+    for row in rows:
+        assert set(row) == {
+            "clients", "server_rss_bytes", "baseline_rss_bytes", "per_client_bytes",
+        }  # fmt: skip
+        assert row["server_rss_bytes"] > 0 and row["baseline_rss_bytes"] > 0
