@@ -25,8 +25,8 @@ and the server refuses to start rather than risk a token granted twice. The log 
 then compacted (the live records written whole by the store's durable write: temp
 file, fsync, rename) and appended to from there, and compacted again whenever it
 has grown to :data:`COMPACT_RATIO` times the records of the last compaction. The
-whole-table file of older servers (:data:`TABLE_FILE`), if present, is read first
-and removed once its records are in the log.
+records' whole-table form (:data:`TABLE_FILE`), if present, is read first and
+removed once its records are in the log.
 
 A timer task sleeps until :meth:`LockTable.next_deadline` and ticks the table.
 
@@ -61,7 +61,7 @@ from fscache.server.store import Store
 log = logging.getLogger("fscache.server")
 
 LOG_FILE = "locks.log"  # in the store's state directory: the records, one a line
-TABLE_FILE = "locks.json"  # every name's record in one file, as older servers kept them
+TABLE_FILE = "locks.json"  # the records' whole-table form: folded into the log at start
 COMPACT_RATIO = 4  # the log is rewritten once it holds this many times its last rewrite's
 COMPACT_MIN = 1024  # records: below this a rewrite (three fsyncs) would cost more than it saves
 

@@ -517,7 +517,7 @@ async def test_a_failed_append_refuses_its_grant_and_the_log_is_rewritten_next(
         )
 
 
-async def test_the_whole_table_file_of_an_older_server_is_folded_into_the_log(
+async def test_the_records_whole_table_form_is_folded_into_the_log(
     nursery: trio.Nursery, root: pathlib.Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     table = [
