@@ -427,14 +427,13 @@ async def test_each_grant_and_release_appends_its_record_alone_however_many_name
 
 
 async def test_a_torn_last_record_is_ignored_at_start_and_compacted_away(
+    cluster: Cluster,
     nursery: trio.Nursery,
     root: pathlib.Path,
     autojump_clock: trio.testing.MockClock,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    first = Cluster(nursery, root, skew=SKEW)
-    await first.start()
-    async with first.client("a") as a:
+    async with cluster.client("a") as a:
         assert await take_and_free(a, "l", 3) == 3
     whole = log_of(root).read_bytes()
     torn = encode_records([Record("l", 4, TTL, held=True)])[:-5]  # a crash mid-append
@@ -452,11 +451,12 @@ async def test_a_torn_last_record_is_ignored_at_start_and_compacted_away(
 
 
 async def test_a_damaged_record_before_good_ones_refuses_the_start(
-    nursery: trio.Nursery, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+    cluster: Cluster,
+    nursery: trio.Nursery,
+    root: pathlib.Path,
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
-    first = Cluster(nursery, root, skew=SKEW)
-    await first.start()
-    async with first.client("a") as a:
+    async with cluster.client("a") as a:
         await take_and_free(a, "one")
         await take_and_free(a, "two")
     lines = log_of(root).read_bytes().split(b"\n")
@@ -467,6 +467,7 @@ async def test_a_damaged_record_before_good_ones_refuses_the_start(
 
 
 async def test_compaction_keeps_every_names_newest_token(
+    cluster: Cluster,
     nursery: trio.Nursery,
     root: pathlib.Path,
     autojump_clock: trio.testing.MockClock,
@@ -475,10 +476,8 @@ async def test_compaction_keeps_every_names_newest_token(
 ) -> None:
     monkeypatch.setattr(server_locks, "COMPACT_MIN", 4)  # rewritten past 2 * 4 records
     monkeypatch.setattr(server_locks, "COMPACT_RATIO", 2)
-    first = Cluster(nursery, root, skew=SKEW)
-    await first.start()
     sizes: list[int] = []
-    async with first.client("a") as a:
+    async with cluster.client("a") as a:
         for round_ in range(1, 6):
             for name in ("x", "y", "z"):
                 assert await take_and_free(a, name) == round_
@@ -566,17 +565,31 @@ async def test_locks_over_real_tcp(nursery: trio.Nursery, root: pathlib.Path) ->
             await a.write("out.txt", b"late", fence=lock)
 
 
-def test_the_blocking_client_locks_against_a_server_process(root: pathlib.Path) -> None:
+def start_server(root: pathlib.Path) -> tuple[subprocess.Popen[str], str]:
+    """``fscache serve`` on ``root`` in its own process, and its address."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     assert proc.stdout is not None
+    address = parse_serving_line(proc.stdout.readline())
+    if address is None:
+        stop_server(proc, signal.SIGKILL)
+        pytest.fail("the server process did not say where it serves")
+    return proc, f"{address[0]}:{address[1]}"
+
+
+def stop_server(proc: subprocess.Popen[str], how: signal.Signals = signal.SIGTERM) -> None:
+    proc.send_signal(how)
+    proc.wait(timeout=10)
+    assert proc.stdout is not None
+    proc.stdout.close()
+
+
+def test_the_blocking_client_locks_against_a_server_process(root: pathlib.Path) -> None:
+    proc, where = start_server(root)
     try:
-        address = parse_serving_line(proc.stdout.readline())
-        assert address is not None
-        where = f"{address[0]}:{address[1]}"
         with (
             fscache.connect(where, client_id="a") as a,
             fscache.connect(where, client_id="b") as b,
@@ -594,9 +607,7 @@ def test_the_blocking_client_locks_against_a_server_process(root: pathlib.Path) 
             b.release(later)
             assert b.leader("jobs/leader") is None and b.read("out.txt") == b"a"
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        proc.stdout.close()
+        stop_server(proc)
 
 
 def test_tokens_increase_after_the_server_is_killed_right_after_its_grants(
@@ -606,24 +617,7 @@ def test_tokens_increase_after_the_server_is_killed_right_after_its_grants(
     sent, so the next server grants each name a newer token (a lock held at the
     kill only after its ttl and skew)."""
 
-    def start() -> tuple[subprocess.Popen[str], str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-        assert proc.stdout is not None
-        address = parse_serving_line(proc.stdout.readline())
-        assert address is not None
-        return proc, f"{address[0]}:{address[1]}"
-
-    def stop(proc: subprocess.Popen[str], how: signal.Signals) -> None:
-        proc.send_signal(how)
-        proc.wait(timeout=10)
-        assert proc.stdout is not None
-        proc.stdout.close()
-
-    first, where = start()
+    first, where = start_server(root)
     try:
         with fscache.connect(where, client_id="a") as a:
             freed = [a.acquire(f"free/{n}", 1.0, timeout=0) for n in range(20)]
@@ -635,8 +629,8 @@ def test_tokens_increase_after_the_server_is_killed_right_after_its_grants(
             tokens = {"free/0": again.token, "held": held.token}
             assert tokens == {"free/0": 2, "held": 1}
     finally:
-        stop(first, signal.SIGKILL)
-    second, where = start()
+        stop_server(first, signal.SIGKILL)
+    second, where = start_server(root)
     try:
         with fscache.connect(where, client_id="b") as b:
             assert b.acquire("free/19", 1.0, timeout=0).token == 2
@@ -646,4 +640,4 @@ def test_tokens_increase_after_the_server_is_killed_right_after_its_grants(
             assert b.acquire("held", 1.0, timeout=30).token == 2
             assert b.acquire("free/0", 1.0, timeout=30).token == 3
     finally:
-        stop(second, signal.SIGTERM)
+        stop_server(second)
