@@ -159,7 +159,7 @@ class LockService:
         store.save_state(LOG_FILE, encode_records(records))  # compacted: no torn tail left
         store.remove_state(TABLE_FILE)  # its records are in the log now
         self._log_records = self._compacted = len(records)  # in the log; at its compaction
-        self._rewrite = False  # the last append failed: the log may end in part of it
+        self._rewrite = False  # the last write failed: the log may end in part of it
         self._blocking_io = blocking_io
         self._next_op = 0
         self._waiting: dict[OpId, tuple[Peer, int]] = {}  # queued acquires: who, request id
