@@ -34,7 +34,10 @@ Lock names follow the path rules but are a namespace of their own: a lock named
   preceded by :class:`Persist` of the name's newest record (its token, the ttl it
   was granted with, whether it is held); the caller makes it durable before it
   sends the :class:`Granted` that follows. Releases and expiries persist too,
-  lazily: a record that says held when the lock is free costs only a wait.
+  lazily, and so does the end of a restart hold: a record that says held when
+  the lock is free costs only a wait. :class:`Persist` names the record that
+  changed, so the caller may write only the changed ones (:meth:`LockTable.records`
+  of those names).
 * Restart. A table built from the records of a previous incarnation at ``now``
   grants no lock on a name whose record says held before ``now + ttl + skew``:
   the lock granted before the restart may still be believed in until then. A
@@ -97,8 +100,8 @@ class Holder:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Persist:
-    """Make :meth:`LockTable.records` durable; a :class:`Granted` after it in the
-    same list may be sent only once that is done."""
+    """Make the record of ``name`` (:meth:`LockTable.records`) durable; a
+    :class:`Granted` after it in the same list may be sent only once that is done."""
 
     name: str
 
@@ -215,13 +218,16 @@ class LockTable:
                 f" {name!r} is {newest}: the change is refused"
             )
 
-    def records(self) -> list[Record]:
-        """Every name's record, to persist (:class:`Persist`)."""
+    def records(self, names: Iterable[str] | None = None) -> list[Record]:
+        """The record of each of ``names`` (those a :class:`Persist` named), or of
+        every name, to persist."""
+        chosen = self._names if names is None else names
         return [
             Record(
                 name, state.token, state.ttl, held=state.holder is not None or name in self._busy
             )
-            for name, state in self._names.items()
+            for name in chosen
+            if (state := self._names.get(name)) is not None
         ]
 
     def held(self, now: float) -> int:
@@ -312,9 +318,9 @@ class LockTable:
             if state.holder is not None:
                 self.locks_expired += 1
                 effects += self._free(name, state, now)
-            else:  # a restart hold is over
+            else:  # a restart hold is over: the record may say free again
                 state.free_at = -math.inf
-                effects += self._advance(name, state, now)
+                effects += self._advance(name, state, now) or [Persist(name)]
         return effects
 
     # ------------------------------------------------------------ internals

@@ -5,16 +5,30 @@ Theory of operation
 The file service hands every lock request (acquire, renew, release, query, watch)
 to :meth:`LockService.handle` synchronously, on the event loop, with
 ``trio.current_time()``; the table's effects are carried out at once, in order.
-The one await is the durable record: a :class:`~fscache.locks.Persist` marks the
-records dirty, and each :class:`~fscache.locks.Granted` after it waits in
-``_unsent`` until a persister task has written every name's record (one JSON file
-in the store's private state directory, by the store's durable write: temp file,
-fsync, rename) in a worker thread. Writes are one at a time and each writes the
-table as it is when it starts, so the newest token of every grant it releases is
-on disk, and a later write never loses an earlier token. If the write fails, the
-grants waiting on it are answered with the error; the table counts those locks
-held until they expire, which costs others only a wait. A timer task sleeps until
-:meth:`LockTable.next_deadline` and ticks the table.
+The one await is the durable record: a :class:`~fscache.locks.Persist` marks its
+name's record changed, and each :class:`~fscache.locks.Granted` after it waits in
+``_unsent`` until a persister task has made the changed records durable in a worker
+thread. The records are a log in the store's private state directory: each batch of
+changed records is appended with one ``write`` and one ``fdatasync``, so a grant
+costs one record, however many names there are. Writes are one at a time and each
+takes the records as they are when it starts, so the newest token of every grant it
+releases is on disk, and a later write never loses an earlier token. If the write
+fails, the grants waiting on it are answered with the error (the table counts
+those locks held until they expire, which costs others only a wait), and the next
+write rewrites the log whole, since this one may have left part of a batch.
+
+Each record is one line, its CRC32 then its JSON, so a record cut short is seen.
+At start the log is read and folded by name (the last record wins). A bad record
+with no good one after it is the tail of an append cut short by a crash, whose
+grants were never sent: it is ignored. A bad record before a good one is damage,
+and the server refuses to start rather than risk a token granted twice. The log is
+then compacted (the live records written whole by the store's durable write: temp
+file, fsync, rename) and appended to from there, and compacted again whenever it
+has grown to :data:`COMPACT_RATIO` times the records of the last compaction. The
+records' whole-table form (:data:`TABLE_FILE`), if present, is read first and
+removed once its records are in the log.
+
+A timer task sleeps until :meth:`LockTable.next_deadline` and ticks the table.
 
 Watchers are connections: a :class:`~fscache.protocol.LockWatch` subscribes the
 connection to one name until it closes, and every :class:`~fscache.locks.Changed`
@@ -31,6 +45,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -45,7 +60,10 @@ from fscache.server.store import Store
 
 log = logging.getLogger("fscache.server")
 
-LOCKS_FILE = "locks.json"  # in the store's state directory: every name's newest token
+LOG_FILE = "locks.log"  # in the store's state directory: the records, one a line
+TABLE_FILE = "locks.json"  # the records' whole-table form: folded into the log at start
+COMPACT_RATIO = 4  # the log is rewritten once it holds this many times its last rewrite's
+COMPACT_MIN = 1024  # records: below this a rewrite (three fsyncs) would cost more than it saves
 
 
 class Peer(Protocol):
@@ -58,24 +76,72 @@ class Peer(Protocol):
 
 
 def load_records(store: Store) -> list[Record]:
-    """The records the last incarnation persisted. A file that cannot be parsed is
-    refused: starting without it could grant a token twice."""
-    data = store.load_state(LOCKS_FILE)
-    if data is None:
-        return []
+    """Every name's record as the last incarnation persisted it: those of
+    :data:`TABLE_FILE` if there is one, then the log's, the last of each name winning."""
+    folded: dict[str, Record] = {}
+    data = store.load_state(TABLE_FILE)
+    if data is not None:
+        try:
+            folded.update((r.name, r) for r in map(_record, json.loads(data)))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise FscacheError(f"the lock records in {TABLE_FILE} cannot be read: {exc}") from None
+    data = store.load_state(LOG_FILE)
+    if data is not None:
+        folded.update((r.name, r) for r in decode_log(data))
+    return list(folded.values())
+
+
+def encode_records(records: list[Record]) -> bytes:
+    """Log lines: each record's CRC32 (8 hex digits), a space, its JSON, a newline."""
+    lines = []
+    for r in records:
+        body = json.dumps(
+            {"name": r.name, "token": r.token, "ttl": r.ttl, "held": r.held},
+            separators=(",", ":"),
+        ).encode()
+        lines.append(b"%08x %s\n" % (zlib.crc32(body), body))
+    return b"".join(lines)
+
+
+def decode_log(data: bytes) -> list[Record]:
+    """The records of a log, in order, without a torn tail (bad records with no good
+    one after them); a bad record before a good one raises :class:`FscacheError`."""
+    records: list[Record] = []
+    bad: list[int] = []  # line numbers of the bad records since the last good one
+    lines = data.split(b"\n")
+    if lines[-1] == b"":  # the log ends with a whole line
+        lines.pop()
+    for number, line in enumerate(lines, 1):
+        record = _decode_line(line)
+        if record is None:
+            bad.append(number)
+            continue
+        if bad:
+            raise FscacheError(
+                f"the lock records in {LOG_FILE} are damaged at line {bad[0]}, before"
+                f" good ones: the server does not start rather than grant a token twice"
+            )
+        records.append(record)
+    if bad:
+        log.warning(
+            "%s: %d torn record(s) at the end are ignored (an append cut short by a"
+            " crash; its grants were never sent)", LOG_FILE, len(bad),
+        )  # fmt: skip
+    return records
+
+
+def _decode_line(line: bytes) -> Record | None:
+    crc, space, body = line.partition(b" ")
     try:
-        return [
-            Record(str(r["name"]), int(r["token"]), float(r["ttl"]), bool(r["held"]))
-            for r in json.loads(data)
-        ]
-    except (ValueError, TypeError, KeyError) as exc:
-        raise FscacheError(f"the lock records in {LOCKS_FILE} cannot be read: {exc}") from None
+        if not space or len(crc) != 8 or int(crc, 16) != zlib.crc32(body):
+            return None
+        return _record(json.loads(body))
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
-def _dump_records(records: list[Record]) -> bytes:
-    return json.dumps(
-        [{"name": r.name, "token": r.token, "ttl": r.ttl, "held": r.held} for r in records]
-    ).encode()
+def _record(r: Any) -> Record:
+    return Record(str(r["name"]), int(r["token"]), float(r["ttl"]), bool(r["held"]))
 
 
 class LockService:
@@ -89,13 +155,18 @@ class LockService:
     ) -> None:
         self.store = store
         self.table = LockTable(skew=skew, records=load_records(store), now=now)
+        records = self.table.records()
+        store.save_state(LOG_FILE, encode_records(records))  # compacted: no torn tail left
+        store.remove_state(TABLE_FILE)  # its records are in the log now
+        self._log_records = self._compacted = len(records)  # in the log; at its compaction
+        self._rewrite = False  # the last write failed: the log may end in part of it
         self._blocking_io = blocking_io
         self._next_op = 0
         self._waiting: dict[OpId, tuple[Peer, int]] = {}  # queued acquires: who, request id
         self._watchers: dict[str, set[Peer]] = {}
         self._watching: dict[Peer, set[str]] = {}
         self._unsent: list[tuple[Peer, p.Message]] = []  # grants whose record is not on disk
-        self._dirty = False
+        self._changed: set[str] = set()  # names whose record is not on disk
         self._persist_wake = trio.Event()
         self._timer_wake = trio.Event()
 
@@ -184,7 +255,7 @@ class LockService:
     def _execute(self, effects: list[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, Persist):
-                self._dirty = True
+                self._changed.add(effect.name)
                 self._persist_wake.set()
             elif isinstance(effect, Granted):
                 connection, request_id = self._waiting.pop(effect.op)
@@ -204,25 +275,39 @@ class LockService:
                     watcher.send(notice)
 
     async def _persister(self) -> None:
-        """Write the records whenever they changed, then send the grants waiting on them."""
+        """Write the changed records, then send the grants waiting on them."""
         while True:
             await self._persist_wake.wait()
             self._persist_wake = trio.Event()
-            if not self._dirty:
+            if not self._changed:
                 continue
-            self._dirty = False
+            names, self._changed = self._changed, set()
             ready, self._unsent = self._unsent, []
-            data = _dump_records(self.table.records())
             try:
-                await self._blocking_io(self.store.save_state, LOCKS_FILE, data)
+                await self._write(names)
             except FscacheError as exc:  # the grants cannot be trusted to outlive us
                 log.error("lock records not saved, the grants waiting are refused: %s", exc)
+                self._rewrite = True
                 for connection, reply in ready:
                     assert isinstance(reply, p.LockGranted)
                     connection.send(p.Error(id=reply.id, code=exc.code, message=str(exc)))
                 continue
             for connection, reply in ready:
                 connection.send(reply)
+
+    async def _write(self, names: set[str]) -> None:
+        """Append the records of ``names`` to the log, or rewrite it whole if it has
+        grown to :data:`COMPACT_RATIO` times its last compaction (or must be)."""
+        limit = COMPACT_RATIO * max(self._compacted, COMPACT_MIN)
+        if self._rewrite or self._log_records + len(names) > limit:
+            records = self.table.records()
+            await self._blocking_io(self.store.save_state, LOG_FILE, encode_records(records))
+            self._log_records = self._compacted = len(records)
+            self._rewrite = False
+        else:
+            records = self.table.records(names)
+            await self._blocking_io(self.store.append_state, LOG_FILE, encode_records(records))
+            self._log_records += len(records)
 
     async def _timer(self) -> None:
         while True:

@@ -191,8 +191,8 @@ symlink in it.  The kernel checks and uses in one step, so there is no gap betwe
 the two.  A read is the same with one ``openat2`` of the whole path.  So a symlink
 anywhere on a path is refused (:class:`~fscache.errors.BadPath`), inside the root
 or not: symlinks are not aliases; ``listdir`` and ``scandir`` do not show them.
-(``recover`` and ``load_state`` use plain paths: they run at start, or read the
-server's own state directory.)
+(``recover``, ``load_state`` and ``append_state`` use plain paths: they run at
+start, or reach the server's own state directory.)
 
 Errors.  Every ``OSError`` becomes an :class:`~fscache.errors.FscacheError`
 subclass with a message naming the path.  Only programming errors (wrong argument
@@ -632,6 +632,20 @@ class Store:
                 self._replace_durably(dir_fd, key, name, name, data, minimum=0)
             finally:
                 os.close(dir_fd)
+        except OSError as exc:
+            raise _translate(exc, "write", name) from None
+
+    def append_state(self, name: str, data: bytes) -> None:
+        """Append ``data`` to the server's own file ``name`` (made by :meth:`save_state`:
+        its directory entry is durable already) and ``fdatasync`` it."""
+        try:
+            path = os.path.join(self.root, RESERVED_PREFIX, name)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
+            try:
+                _write_all(fd, data)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
         except OSError as exc:
             raise _translate(exc, "write", name) from None
 

@@ -200,7 +200,9 @@ def test_a_restarted_table_holds_a_maybe_held_name_back_for_its_ttl_plus_skew() 
 
 def test_a_hold_that_ends_with_no_one_waiting_leaves_the_name_free() -> None:
     locks = table(records=[Record("l", 2, TTL, held=True)], now=0.0)
-    assert locks.tick(TTL + SKEW) == []
+    assert locks.tick(just_before(TTL + SKEW)) == []
+    assert locks.tick(TTL + SKEW) == [Persist("l")]  # the record may say free again
+    assert locks.records() == [Record("l", 2, TTL, held=False)]
     assert locks.next_deadline() is None
     assert locks.acquire(OpId(1), A, "l", TTL, "a", now=TTL + SKEW) == granted(1, A, 3)
 
@@ -211,6 +213,19 @@ def test_records_say_held_until_released_or_expired() -> None:
     assert locks.records() == [Record("l", 1, TTL, held=True)]
     locks.tick(TTL + SKEW)
     assert locks.records() == [Record("l", 1, TTL, held=False)]
+
+
+def test_records_of_the_names_persisted_leave_the_others_out() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "a", TTL, "a", now=0.0)
+    locks.acquire(OpId(2), A, "b", TTL, "a", now=0.0)
+    effects = locks.tick(TTL + SKEW)
+    persisted = [e.name for e in effects if isinstance(e, Persist)]
+    assert sorted(persisted) == ["a", "b"]
+    effects = locks.acquire(OpId(3), B, "b", TTL, "b", now=TTL + SKEW)
+    persisted = [e.name for e in effects if isinstance(e, Persist)]
+    assert locks.records(persisted) == [Record("b", 2, TTL, held=True)]
+    assert locks.records(["never"]) == []
 
 
 # ---------------------------------------------------------------- ttl bounds

@@ -3,16 +3,19 @@ and fencing").
 
 Test rules: timing runs under ``autojump_clock`` over memory streams (``harness.py``:
 the records are written without a worker thread, so no virtual time passes while
-they are), and each rule is asserted at its exact virtual instant. The end-to-end
-test uses real TCP on 127.0.0.1, port 0, and a real worker thread for the records,
-and asserts outcomes and order only.
+they are), and each rule is asserted at its exact virtual instant. The record log
+is checked by its bytes on disk, never by time. The end-to-end tests use real TCP
+on 127.0.0.1, port 0, a real worker thread for the records and real server
+processes (one killed with SIGKILL), and assert outcomes and order only.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -24,6 +27,10 @@ import fscache
 from fscache import protocol as p
 from fscache.cli import parse_serving_line
 from fscache.client.locks import Lock
+from fscache.locks import Record
+from fscache.paths import RESERVED_PREFIX
+from fscache.server import locks as server_locks
+from fscache.server.locks import LOG_FILE, TABLE_FILE, encode_records
 from fscache.server.service import FileService, ServerSettings, serve
 
 from .harness import Cluster
@@ -46,6 +53,20 @@ async def cluster(nursery: trio.Nursery, root: pathlib.Path) -> Cluster:
 def service_of(cluster: Cluster) -> FileService:
     assert cluster.service is not None
     return cluster.service
+
+
+def log_of(root: pathlib.Path) -> pathlib.Path:
+    return root / RESERVED_PREFIX / LOG_FILE
+
+
+async def take_and_free(client: fscache.Client, name: str, times: int = 1) -> int:
+    """Acquire and release ``name`` ``times`` times; the last token."""
+    token = 0
+    for _ in range(times):
+        lock = await client.acquire(name, TTL)
+        token = lock.token
+        await lock.release()
+    return token
 
 
 # ---------------------------------------------------------------- grant, wait, release
@@ -380,6 +401,143 @@ async def test_tokens_survive_a_restart_and_a_maybe_held_lock_is_held_back(
             assert lock.lost.is_set()  # a gave up at 5.0 - SKEW, before b was granted
 
 
+# ---------------------------------------------------------------- the record log
+async def test_each_grant_and_release_appends_its_record_alone_however_many_names(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock, root: pathlib.Path
+) -> None:
+    async with cluster.client("a") as a:
+        for number in range(300):
+            await take_and_free(a, f"n/{number}")
+        before = log_of(root).stat().st_size
+        lock = await a.acquire("n/7", TTL)
+        assert lock.token == 2
+        assert log_of(root).stat().st_size - before == len(
+            encode_records([Record("n/7", 2, TTL, held=True)])
+        )
+        await lock.release()
+        assert (
+            log_of(root)
+            .read_bytes()
+            .endswith(
+                encode_records(
+                    [Record("n/7", 2, TTL, held=True), Record("n/7", 2, TTL, held=False)]
+                )
+            )
+        )
+
+
+async def test_a_torn_last_record_is_ignored_at_start_and_compacted_away(
+    cluster: Cluster,
+    nursery: trio.Nursery,
+    root: pathlib.Path,
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with cluster.client("a") as a:
+        assert await take_and_free(a, "l", 3) == 3
+    whole = log_of(root).read_bytes()
+    torn = encode_records([Record("l", 4, TTL, held=True)])[:-5]  # a crash mid-append
+    with log_of(root).open("ab") as f:
+        f.write(torn)
+    second = Cluster(nursery, root, skew=SKEW)
+    await second.start()
+    assert "locks.log: 1 torn record(s) at the end are ignored" in caplog.text
+    assert log_of(root).read_bytes() == encode_records([Record("l", 3, TTL, held=False)])
+    assert whole.endswith(log_of(root).read_bytes())
+    async with second.client("b") as b:
+        started = trio.current_time()
+        lock = await b.acquire("l", TTL)
+        assert lock.token == 4 and trio.current_time() == at(started)  # not held back
+
+
+async def test_a_damaged_record_before_good_ones_refuses_the_start(
+    cluster: Cluster,
+    nursery: trio.Nursery,
+    root: pathlib.Path,
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster.client("a") as a:
+        await take_and_free(a, "one")
+        await take_and_free(a, "two")
+    lines = log_of(root).read_bytes().split(b"\n")
+    lines[0] = lines[0].replace(b'"token":1', b'"token":9')  # the CRC no longer matches
+    log_of(root).write_bytes(b"\n".join(lines))
+    with pytest.raises(fscache.FscacheError, match=r"locks\.log are damaged at line 1"):
+        await Cluster(nursery, root, skew=SKEW).start()
+
+
+async def test_compaction_keeps_every_names_newest_token(
+    cluster: Cluster,
+    nursery: trio.Nursery,
+    root: pathlib.Path,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(server_locks, "COMPACT_MIN", 4)  # rewritten past 2 * 4 records
+    monkeypatch.setattr(server_locks, "COMPACT_RATIO", 2)
+    sizes: list[int] = []
+    async with cluster.client("a") as a:
+        for round_ in range(1, 6):
+            for name in ("x", "y", "z"):
+                assert await take_and_free(a, name) == round_
+                sizes.append(len(log_of(root).read_bytes().splitlines()))
+    assert max(sizes) <= 2 * 4 and sizes != sorted(sizes)  # it shrank, more than once
+    second = Cluster(nursery, root, skew=SKEW)
+    await second.start()
+    assert "torn" not in caplog.text  # a whole log has no tail to ignore
+    async with second.client("b") as b:
+        assert [await take_and_free(b, name) for name in ("x", "y", "z")] == [6, 6, 6]
+
+
+async def test_a_failed_append_refuses_its_grant_and_the_log_is_rewritten_next(
+    cluster: Cluster,
+    autojump_clock: trio.testing.MockClock,
+    root: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = service_of(cluster).store
+    async with cluster.client("a") as a:
+        assert await take_and_free(a, "l") == 1
+
+        def fail(name: str, data: bytes) -> None:
+            with log_of(root).open("ab") as f:
+                f.write(data[:-3])  # part of the batch reached the file
+            raise fscache.Unavailable("the disk is gone")
+
+        monkeypatch.setattr(store, "append_state", fail)
+        with pytest.raises(fscache.Unavailable, match="the disk is gone"):
+            await a.acquire("l", TTL)
+        monkeypatch.undo()
+        lock = await a.acquire("m", TTL)  # a rewrite: the torn batch is gone
+        assert lock.token == 1
+        assert log_of(root).read_bytes() == encode_records(
+            [Record("l", 2, TTL, held=True), Record("m", 1, TTL, held=True)]
+        )
+
+
+async def test_the_records_whole_table_form_is_folded_into_the_log(
+    nursery: trio.Nursery, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    table = [
+        {"name": "held", "token": 4, "ttl": 5.0, "held": True},
+        {"name": "free", "token": 9, "ttl": TTL, "held": False},
+    ]
+    (root / RESERVED_PREFIX).mkdir(mode=0o700, exist_ok=True)
+    (root / RESERVED_PREFIX / TABLE_FILE).write_text(json.dumps(table))
+    cluster = Cluster(nursery, root, skew=SKEW)
+    await cluster.start()
+    started = trio.current_time()
+    assert not (root / RESERVED_PREFIX / TABLE_FILE).exists()
+    assert log_of(root).read_bytes() == encode_records(
+        [Record("held", 4, 5.0, held=True), Record("free", 9, TTL, held=False)]
+    )
+    async with cluster.client("a") as a:
+        assert await take_and_free(a, "free") == 10
+        lock = await a.acquire("held", TTL)
+        assert lock.token == 5 and trio.current_time() == at(started + 5.0 + SKEW)
+
+
 # ---------------------------------------------------------------- real TCP
 async def test_locks_over_real_tcp(nursery: trio.Nursery, root: pathlib.Path) -> None:
     service = await nursery.start(serve, ServerSettings(root=str(root), port=0, skew=SKEW))
@@ -407,17 +565,31 @@ async def test_locks_over_real_tcp(nursery: trio.Nursery, root: pathlib.Path) ->
             await a.write("out.txt", b"late", fence=lock)
 
 
-def test_the_blocking_client_locks_against_a_server_process(root: pathlib.Path) -> None:
+def start_server(root: pathlib.Path) -> tuple[subprocess.Popen[str], str]:
+    """``fscache serve`` on ``root`` in its own process, and its address."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     assert proc.stdout is not None
+    address = parse_serving_line(proc.stdout.readline())
+    if address is None:
+        stop_server(proc, signal.SIGKILL)
+        pytest.fail("the server process did not say where it serves")
+    return proc, f"{address[0]}:{address[1]}"
+
+
+def stop_server(proc: subprocess.Popen[str], how: signal.Signals = signal.SIGTERM) -> None:
+    proc.send_signal(how)
+    proc.wait(timeout=10)
+    assert proc.stdout is not None
+    proc.stdout.close()
+
+
+def test_the_blocking_client_locks_against_a_server_process(root: pathlib.Path) -> None:
+    proc, where = start_server(root)
     try:
-        address = parse_serving_line(proc.stdout.readline())
-        assert address is not None
-        where = f"{address[0]}:{address[1]}"
         with (
             fscache.connect(where, client_id="a") as a,
             fscache.connect(where, client_id="b") as b,
@@ -435,6 +607,37 @@ def test_the_blocking_client_locks_against_a_server_process(root: pathlib.Path) 
             b.release(later)
             assert b.leader("jobs/leader") is None and b.read("out.txt") == b"a"
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        proc.stdout.close()
+        stop_server(proc)
+
+
+def test_tokens_increase_after_the_server_is_killed_right_after_its_grants(
+    root: pathlib.Path,
+) -> None:
+    """SIGKILL as soon as the grants are received: each was durable before it was
+    sent, so the next server grants each name a newer token (a lock held at the
+    kill only after its ttl and skew)."""
+
+    first, where = start_server(root)
+    try:
+        with fscache.connect(where, client_id="a") as a:
+            freed = [a.acquire(f"free/{n}", 1.0, timeout=0) for n in range(20)]
+            for lock in freed:
+                a.release(lock)
+            again = a.acquire("free/0", 1.0, timeout=0)
+            held = a.acquire("held", 1.0, timeout=0)
+            os.kill(first.pid, signal.SIGKILL)  # right after the grants: no goodbye
+            tokens = {"free/0": again.token, "held": held.token}
+            assert tokens == {"free/0": 2, "held": 1}
+    finally:
+        stop_server(first, signal.SIGKILL)
+    second, where = start_server(root)
+    try:
+        with fscache.connect(where, client_id="b") as b:
+            assert b.acquire("free/19", 1.0, timeout=0).token == 2
+            for name in ("held", "free/0"):  # held back: they may still be believed in
+                with pytest.raises(fscache.LockTimeout):
+                    b.acquire(name, 1.0, timeout=0)
+            assert b.acquire("held", 1.0, timeout=30).token == 2
+            assert b.acquire("free/0", 1.0, timeout=30).token == 3
+    finally:
+        stop_server(second)
