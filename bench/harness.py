@@ -57,6 +57,15 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` now (``VmRSS``), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -64,7 +73,7 @@ def free_port() -> int:
         return port
 
 
-def _spawn(
+def spawn(
     name: str, argv: Sequence[str], address_in: Callable[[str], tuple[str, int] | None]
 ) -> ServerProcess:
     """Start ``argv``; ``address_in`` finds host and port in its first stdout line."""
@@ -111,7 +120,7 @@ def fscache_server(
     """``fscache serve`` on a free port. ``hot_writes=0``: a fixed term, as the paper's
     model assumes."""
     argv = serve_argv(root, term=term, skew=skew, hot_writes=hot_writes)
-    server = _spawn("fscache", argv, parse_serving_line)
+    server = spawn("fscache", argv, parse_serving_line)
     try:
         yield server
     finally:
@@ -123,7 +132,7 @@ def echo_server(*, wire: bool = False) -> Iterator[ServerProcess]:
     """The bare trio echo server of :mod:`fscache.bench.echo` on a free port
     (``wire``: on fscache's own socket I/O instead of trio's SocketStream)."""
     argv = [sys.executable, "-m", "fscache.bench.echo", *(["--wire"] if wire else [])]
-    server = _spawn("echo", argv, _echo_address)
+    server = spawn("echo", argv, _echo_address)
     try:
         yield server
     finally:

@@ -56,7 +56,7 @@ import trio
 
 import fscache
 from fscache import protocol as p
-from fscache.bench.harness import ServerProcess, free_port, process_cpu_seconds
+from fscache.bench.harness import ServerProcess, free_port, process_cpu_seconds, rss_bytes
 from fscache.bench.procs import WorkerPool, stop_command
 from fscache.cli import parse_serving_line
 from fscache.client.client import Client
@@ -100,15 +100,6 @@ def start_server(
         stop_command(popen, 5.0)
         raise RuntimeError(f"server did not start: {line.strip() or 'no output'}; see {log_path}")
     return ServerProcess("fscache", popen, address[1])
-
-
-def rss_bytes(pid: int) -> int:
-    """``VmRSS`` of process ``pid``."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
 
 
 def listen_overflows() -> int:

@@ -41,7 +41,7 @@ from typing import Any
 import trio
 
 import fscache
-from fscache.bench.harness import ServerProcess, _spawn
+from fscache.bench.harness import ServerProcess, rss_bytes, spawn
 from fscache.bench.procs import WorkerPool
 from fscache.cli import parse_serving_line
 
@@ -78,20 +78,12 @@ def _raise_open_files() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
-
-
 @contextlib.contextmanager
 def scale_server(root: str, *, term: float = TERM) -> Iterator[ServerProcess]:
     """A server process on a free port, with room for tens of thousands of
     connections from one identity (the defaults cap them at 1024, 256 per identity)."""
     argv = [sys.executable, "-m", "fscache.bench.scale_leases", "serve", root, repr(term)]
-    server = _spawn("fscache", argv, parse_serving_line)
+    server = spawn("fscache", argv, parse_serving_line)
     try:
         yield server
     finally:
@@ -344,6 +336,5 @@ __all__ = [
     "make_tree",
     "measure_fanout",
     "measure_leases",
-    "rss_bytes",
     "scale_server",
 ]
