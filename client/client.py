@@ -116,7 +116,12 @@ def backoff_delay(failures: int) -> float:
     that lost one server together retry at spread-out times, not in lockstep waves
     that overflow its listen queue when it comes back."""
     cap = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** min(failures, 32))
-    return random.uniform(0.0, cap)
+    return _jitter.uniform(0.0, cap)
+
+
+# The client's own generator: a reconnecting client in a background thread leaves the
+# program's global random state (its seed, its sequence) alone.
+_jitter = random.Random()
 
 
 class _Changed(Exception):
