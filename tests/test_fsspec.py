@@ -22,6 +22,17 @@ from fscache.server.service import ServerSettings, serve
 from fscache.settings import CHUNK_SIZE
 
 
+@pytest.fixture(autouse=True)
+def _close_cached_file_systems():
+    """``fsspec.open`` keeps each file system it makes (and its client) in fsspec's
+    instance cache: close them after each test, or their clients keep reconnecting
+    to a server that is gone, in background threads, for the rest of the run."""
+    yield
+    for fs in list(FscacheFileSystem._cache.values()):
+        fs.client.close()
+    FscacheFileSystem.clear_instance_cache()
+
+
 @pytest.fixture
 async def address(nursery, root):
     server = await nursery.start(serve, ServerSettings(root=str(root), port=0))
