@@ -5,8 +5,9 @@ Theory of operation
 The request path pays nothing for counters: the server already counts into plain
 integers (its :class:`~fscache.server.service.Counters`, the lease table's and the
 session table's), and :class:`ServiceCollector` reads them when Prometheus scrapes.
-Latencies are the one thing observed per request: :meth:`Histogram.observe` is a
-bisection and two additions, on the event loop's thread, with no lock.
+Latencies are the one thing observed per request
+(:mod:`fscache.server.latency`, which needs no prometheus-client: a server without
+``--metrics-port`` never imports it).
 
 prometheus-client serves ``/metrics`` from its own thread
 (:func:`prometheus_client.start_http_server`), so a scrape never blocks the event
@@ -22,7 +23,6 @@ Names follow Prometheus' conventions: ``fscache_`` and the ``fscache stats`` fie
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -39,17 +39,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from fscache.errors import FscacheError
+from fscache.server.latency import BUCKETS
 
 if TYPE_CHECKING:
     from fscache.server.service import FileService
-
-# Upper bounds of the latency buckets, seconds: a request handled at once takes well
-# under a millisecond; a write may wait out a lease (term + skew, 10.1 s by default)
-# or a restart window.
-BUCKETS = (
-    *(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
-    *(1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0),
-)
 
 # The ``fscache stats`` fields that are levels now (gauges), by metric name; every
 # other number there only grows, and is the counter ``fscache_<field>_total``.
@@ -75,33 +68,6 @@ COUNTERS = {"connections_total": "fscache_connections_accepted"}
 def counter_family(field: str) -> str:
     """The counter family of ``fscache stats`` field ``field`` (its sample adds ``_total``)."""
     return COUNTERS.get(field, f"fscache_{field}")
-
-
-class Histogram:
-    """Counts of observed durations per bucket, and their sum. Written only by the
-    event loop's thread; read from it too (:meth:`snapshot`)."""
-
-    __slots__ = ("counts", "sum")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(BUCKETS) + 1)  # the last: above every bound (+Inf)
-        self.sum = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(BUCKETS, seconds)] += 1
-        self.sum += seconds
-
-    def snapshot(self) -> tuple[list[int], float]:
-        return list(self.counts), self.sum
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Latencies:
-    """The server's histograms, each observed once per request where it is answered."""
-
-    read: Histogram = dataclasses.field(default_factory=Histogram)  # arrival to grant
-    write: Histogram = dataclasses.field(default_factory=Histogram)  # arrival to reply
-    write_delay: Histogram = dataclasses.field(default_factory=Histogram)  # arrival to apply
 
 
 HISTOGRAMS = {

@@ -111,9 +111,9 @@ from fscache.leases import (
 from fscache.net import SocketWire, Wire, wire_for
 from fscache.paths import normalize, normalize_key
 from fscache.server.ephemeral import Nowhere, Ties
+from fscache.server.latency import Latencies
 from fscache.server.locks import LockService
 from fscache.server.logs import event, wall_time
-from fscache.server.metrics import Latencies
 from fscache.server.store import Facts, Store, Upload
 from fscache.sessions import Attached, SessionTable, default_ttl
 from fscache.settings import (
@@ -557,7 +557,7 @@ class FileService:
         self._timer_wake = trio.Event()
         self._timer_at = math.inf
         self.counters = Counters()
-        self.latency = Latencies()  # fscache.server.metrics
+        self.latency = Latencies()  # fscache.server.latency
         self.access = None if settings.access_file is None else load_access(settings.access_file)
         self.ephemeral = Ties(self.store)  # files tied to sessions (fscache.ephemeral)
         self._own = Connection(  # the server's own writes: the deletes of ended sessions

@@ -28,11 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import fscache
 from fscache.cli import parse_serving_line
+from fscache.server.latency import BUCKETS, Histogram
 from fscache.server.metrics import (
-    BUCKETS,
     GAUGES,
     HISTOGRAMS,
-    Histogram,
     ServiceCollector,
     Snapshot,
     counter_family,
