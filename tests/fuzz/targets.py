@@ -175,12 +175,13 @@ def _check_holds(message: p.Message, body: dict[str, Any]) -> None:
     """``message`` holds exactly what ``body`` said, each field of its annotated type."""
     assert body["t"] == message.TYPE
     hints = typing.get_type_hints(type(message))
-    names = {f.name for f in dataclasses.fields(message)}
+    fields = {f.name: f for f in dataclasses.fields(message)}
+    names = set(fields)
     assert set(body) <= names | {"t"}, set(body) - names
     for name in names:
         value = getattr(message, name)
         assert _conforms(value, hints[name]), (name, value, hints[name])
-        said = body.get(name)
+        said = body[name] if name in body else fields[name].default  # left out: its default
         # repr: a NaN inside the free-form counters map is equal to itself only there
         if type(value) is tuple:
             value = list(value)  # decoded from an array
