@@ -991,11 +991,12 @@ class Store:
             raise _translate(exc, "list", path) from None
         try:
             st = os.fstat(fd)
-            listed = self._listings.get(path, _key(st))
+            key = _key(st)
+            listed = self._listings.get(path, key)
             if listed is None:
                 listed = _names_in(fd)
                 if st.st_ctime_ns <= started - _RACY_NS:
-                    self._listings.put(path, _key(st), listed)
+                    self._listings.put(path, key, listed)
             names, dirs = listed
             yield fd, st.st_mtime_ns, names, dirs
         except OSError as exc:
