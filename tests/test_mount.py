@@ -16,6 +16,7 @@ Test rules for this module:
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
 import functools
@@ -34,7 +35,7 @@ import trio
 import fscache
 from fscache.cli import parse_serving_line
 from fscache.client.fuse_session import mounted
-from fscache.client.mount import mount
+from fscache.client.mount import FscacheOperations, mount
 from fscache.server.service import ServerSettings, serve
 
 
@@ -195,6 +196,29 @@ async def test_a_write_elsewhere_reads_new_at_once_though_the_kernel_had_it_cach
         assert await on_mount(os.pread, fd, 100, 0) == b"new, and longer than before"
     finally:
         await on_mount(os.close, fd)
+
+
+async def test_a_read_only_close_waits_for_no_flush_a_writers_close_does(mnt, other, monkeypatch):
+    calls: collections.Counter[str] = collections.Counter()
+
+    def counting(name: str):
+        original = getattr(FscacheOperations, name)
+
+        async def counted(self, *args):
+            calls[name] += 1
+            return await original(self, *args)
+
+        return counted
+
+    for name in ("open", "flush", "release"):
+        monkeypatch.setattr(FscacheOperations, name, counting(name))
+    await other.write("r.txt", b"read only")
+    for _ in range(5):
+        assert await on_mount(read_file, mnt / "r.txt") == b"read only"
+    assert (calls["open"], calls["flush"]) == (5, 0)  # FOPEN_NOFLUSH: close asks nothing
+    await on_mount(write_file, mnt / "r.txt", b"written")
+    assert calls["flush"] == 1
+    assert await other.read("r.txt") == b"written"  # the close returned after the upload
 
 
 async def test_an_evicted_file_leaves_the_kernel_before_its_lease_is_given_back(
