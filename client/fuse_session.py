@@ -153,6 +153,7 @@ class Session:
         self.requests: collections.Counter[str] = collections.Counter()  # by request type
         self._debug = debug
         self.closed = False
+        self._inline = 0  # requests answered since the reader last let other tasks run
         self._buffer = bytearray(MAX_WRITE + _BUFFER_SLACK)
         self._view = memoryview(self._buffer)
         self._ops: Operations | None = None
@@ -209,9 +210,9 @@ class Session:
                 return
             if isinstance(request, fp.Init):
                 break
-            self._send(fp.reply_error(request.unique, errno.EIO))  # nothing before INIT
+            self._send(request.unique, fp.reply_error(request.unique, errno.EIO))  # not yet
         negotiated = fp.negotiate(request, want=WANT, max_write=MAX_WRITE)
-        self._send(negotiated.reply)
+        self._send(request.unique, negotiated.reply)
         log.debug(
             "FUSE 7.%d, flags %#x, max_write %d",
             negotiated.minor,
@@ -229,6 +230,7 @@ class Session:
                 length = os.readv(self.fd, (self._buffer,))
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(self.fd)
+                self._inline = 0  # other tasks have had their turn
                 continue
             except OSError as exc:
                 if exc.errno in (errno.ENOENT, errno.EINTR):  # interrupted before we read it
@@ -243,22 +245,21 @@ class Session:
             return request
 
     async def _read_requests(self, nursery: trio.Nursery) -> None:
-        inline = 0
         while True:
-            if inline >= _INLINE_RUN:
-                inline = 0
+            if self._inline >= _INLINE_RUN:
                 await trio.lowlevel.checkpoint()
+                self._inline = 0
             request = await self._next()
             if request is None or isinstance(request, fp.Destroy):
                 if request is not None:
-                    self._send(fp.reply_empty(request.unique))
+                    self._send(request.unique, fp.reply_empty(request.unique))
                 nursery.cancel_scope.cancel()
                 return
             coro = self._handle(request)
             try:
                 trap = coro.send(None)
             except StopIteration:
-                inline += 1
+                self._inline += 1
                 continue
             # The handler waits: this task finishes it; a new one reads on.
             nursery.start_soon(self._read_requests, nursery)
@@ -286,9 +287,9 @@ class Session:
         except Exception:
             log.exception("unexpected error answering %r", request)
             reply = fp.reply_error(request.unique, errno.EIO)
-        self._send(reply)
+        self._send(request.unique, reply)
 
-    def _send(self, reply: Reply) -> None:
+    def _send(self, unique: int, reply: Reply) -> None:
         if reply is None:
             return
         try:
@@ -297,11 +298,13 @@ class Session:
             else:
                 os.writev(self.fd, reply)
         except OSError as exc:
-            if exc.errno == errno.ENOENT:  # the kernel gave up on that request
+            # ENOENT: the kernel gave up on that request; ENODEV: unmounted, which
+            # the reader sees too.
+            if exc.errno in (errno.ENOENT, errno.ENODEV):
                 return
-            if exc.errno == errno.ENODEV:  # unmounted: the reader sees it too
-                return
-            raise
+            log.exception("the kernel refused the reply to request %d", unique)
+            with contextlib.suppress(OSError):  # the caller must not wait forever
+                os.write(self.fd, fp.reply_error(unique, errno.EIO))
 
     # ------------------------------------------------------------ requests
     @property
