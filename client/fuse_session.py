@@ -443,7 +443,7 @@ async def mounted(
 ) -> AsyncIterator[Session]:
     """``mountpoint`` mounted (``nosuid,nodev`` and ``options``, e.g. ``fsname=...``)
     for the block: serve it with :meth:`Session.serve`. Always unmounted after."""
-    mountpoint = os.path.abspath(mountpoint)
+    mountpoint = os.path.realpath(mountpoint)  # as /proc/self/mounts will name it
     all_options = ["rw", "nosuid", "nodev", *options]
     fd = await trio.to_thread.run_sync(_fusermount, mountpoint, all_options)
     session = Session(fd, mountpoint, debug=debug)
