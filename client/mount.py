@@ -2,13 +2,18 @@
 
 Theory of operation
 -------------------
-pyfuse3 serves kernel requests as trio tasks, so the file system and the async
-client share one trio loop: a ``read(2)`` of a file under a live lease is a dict
-lookup in the client's cache, and a write waits for approvals like any other.
+The FUSE session (:mod:`fscache.client.fuse_session`, our own speaker of the
+kernel protocol) answers kernel requests on the trio loop of the async client:
+a ``read(2)`` of a file under a live lease is a dict lookup in the client's
+cache, and a write waits for approvals like any other.
 
 The kernel caches a file exactly as long as the client's lease lets the client
 cache it, so a cached ``open``/``read``/``close`` is answered from the kernel's
-page cache with two short calls into this process (open and flush):
+page cache with one short call into this process that the caller waits for
+(open) and one it does not (release): a read-only open is answered with
+``FOPEN_NOFLUSH``, since it has nothing to write back, so its ``close`` sends no
+flush. Any other open's ``close`` waits for the flush, which uploads what was
+written (close-to-open consistency).
 
 - Attributes and the name's entry are returned with a timeout of the lease's
   remaining time (:meth:`Client.lease_remaining`: the local expiry, which already
@@ -17,7 +22,7 @@ page cache with two short calls into this process (open and flush):
 - Pages: files are opened without ``direct_io`` (so ``mmap`` works), with
   ``keep_cache`` only when the client holds a lease on the very version the
   kernel's pages hold (``_paged``); otherwise the kernel drops its pages at open.
-- Lease expiry: libfuse asks for ``auto_inval_data``, so a read through the page
+- Lease expiry: the session asks for ``FUSE_AUTO_INVAL_DATA``, so a read through the page
   cache after the attribute timeout makes the kernel ask for the attributes again
   and drop its pages if the version (mtime) or size changed. For a file whose
   pages the kernel holds, that ``getattr`` revalidates with a one-byte read (a
@@ -102,13 +107,12 @@ Not supported, on purpose
   the dirty pages on ``msync`` and on close, as ranged writes on the flush that
   follows.
 - FUSE's no-open mode (ENOSYS from ``open``, so cached opens never reach us)
-  is not used: pyfuse3 hands ``read``, ``write`` and ``flush`` a file handle but
-  not the inode, and without ``open`` every handle is 0.
+  is not used: the open is where the kernel is told to keep or drop its pages
+  (``keep_cache`` only on a leased version), and without it the kernel keeps them.
 - Concurrent writers through different mounts: the last upload wins; ranged
   writes interleave range by range. A new file is visible, empty, from ``create``
   until its first close.
 - While the server is unreachable, calls that need it answer EIO.
-- pyfuse3 keeps one session per process: one mount at a time.
 """
 
 from __future__ import annotations
@@ -119,15 +123,27 @@ import dataclasses
 import errno
 import logging
 import os
+import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, BinaryIO
+from collections.abc import Iterable, Iterator, Sequence
+from typing import BinaryIO
 
 import trio
 
 from fscache.client.client import Client, StatResult
+from fscache.client.fuse_protocol import (
+    FOPEN_KEEP_CACHE,
+    FOPEN_NOFLUSH,
+    ROOT_INODE,
+    Attributes,
+    DirEntry,
+    Entry,
+    FuseError,
+    Opened,
+)
+from fscache.client.fuse_session import Session, mounted
 from fscache.errors import (
     BadPath,
     Conflict,
@@ -142,32 +158,6 @@ from fscache.errors import (
 )
 from fscache.names import parent
 from fscache.paths import MAX_PATH_BYTES, MAX_SEGMENT_BYTES, normalize
-
-_IMPORT_ERROR = ""
-if TYPE_CHECKING:
-    import pyfuse3
-    from pyfuse3 import (
-        EntryAttributes,
-        FileHandleT,
-        FileInfo,
-        FileNameT,
-        FlagT,
-        InodeT,
-        ModeT,
-        Operations,
-        ReaddirToken,
-        RequestContext,
-        SetattrFields,
-        StatvfsData,
-    )
-else:
-    try:
-        import pyfuse3
-        from pyfuse3 import Operations
-    except ImportError as exc:  # the optional extra: pip install 'fscache[fuse]'
-        pyfuse3 = None
-        Operations = object
-        _IMPORT_ERROR = str(exc)
 
 __all__ = ["FscacheOperations", "mount"]
 
@@ -188,22 +178,21 @@ MIXED = -1  # in ``_paged``: the kernel may hold pages of more than one version
 BLOCK_SIZE = 4096
 MOUNT_CACHE_BYTES = 16 << 20  # the client's cache under a mount (the kernel has the pages)
 DIRTY_BOUND = 8 << 20  # bytes written in place that are sent before the close
-_mounted = False  # pyfuse3 holds one session per process
 
 
 @contextlib.contextmanager
 def _errno_replies() -> Iterator[None]:
-    """Turn whatever a handler raises into the one exception pyfuse3 answers with."""
+    """Turn whatever a handler raises into the one exception the session answers with."""
     try:
         yield
-    except pyfuse3.FUSEError:
+    except FuseError:
         raise
     except FscacheError as exc:
         code = next((code for kind, code in _ERRNO if isinstance(exc, kind)), errno.EIO)
-        raise pyfuse3.FUSEError(code) from None
+        raise FuseError(code) from None
     except Exception:
         log.exception("unexpected error in a FUSE request")
-        raise pyfuse3.FUSEError(errno.EIO) from None
+        raise FuseError(errno.EIO) from None
 
 
 class _DirtyRanges:
@@ -298,15 +287,18 @@ class _Handle:
     append: bool
 
 
-class FscacheOperations(Operations):
-    """The pyfuse3 request handlers, over one async :class:`~fscache.client.client.Client`."""
+class FscacheOperations:
+    """The FUSE request handlers (:class:`fscache.client.fuse_session.Operations`),
+    over one async :class:`~fscache.client.client.Client` and the kernel's
+    :class:`~fscache.client.fuse_session.Session`."""
 
-    supports_dot_lookup = True
-    enable_writeback_cache = False
+    block_size = BLOCK_SIZE
+    name_max = MAX_SEGMENT_BYTES
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, session: Session) -> None:
         self._client = client
-        root = pyfuse3.ROOT_INODE
+        self._session = session
+        root = ROOT_INODE
         self._path_of: dict[int, str] = {root: ""}
         self._inode_of: dict[str, int] = {"": root}
         self._lookups: dict[int, int] = {root: 1}
@@ -325,24 +317,24 @@ class FscacheOperations(Operations):
     def _path(self, inode: int) -> str:
         path = self._path_of.get(inode)
         if path is None:
-            raise pyfuse3.FUSEError(errno.ESTALE)
+            raise FuseError(errno.ESTALE)
         return path
 
     def _child(self, parent_inode: int, name: bytes) -> str:
         if len(name) > MAX_SEGMENT_BYTES:
-            raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
+            raise FuseError(errno.ENAMETOOLONG)
         try:
             text = name.decode("utf-8")
         except UnicodeDecodeError:
-            raise pyfuse3.FUSEError(errno.EINVAL) from None  # fscache names are UTF-8
+            raise FuseError(errno.EINVAL) from None  # fscache names are UTF-8
         parent_path = self._path(parent_inode)
         path = f"{parent_path}/{text}" if parent_path else text
         if len(path.encode("utf-8")) > MAX_PATH_BYTES:
-            raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
+            raise FuseError(errno.ENAMETOOLONG)
         try:
             return normalize(path)
         except BadPath:
-            raise pyfuse3.FUSEError(errno.EINVAL) from None
+            raise FuseError(errno.EINVAL) from None
 
     def _inode(self, path: str) -> int:
         inode = self._inode_of.get(path)
@@ -410,19 +402,18 @@ class FscacheOperations(Operations):
             )
         return st
 
-    def _attributes(self, inode: int, st: StatResult) -> EntryAttributes:
-        attrs = pyfuse3.EntryAttributes()
-        attrs.st_ino = inode
-        attrs.st_mode = (stat.S_IFDIR | 0o755) if st.is_dir else (stat.S_IFREG | 0o644)
-        attrs.st_nlink = 2 if st.is_dir else 1
-        attrs.st_uid = self._uid
-        attrs.st_gid = self._gid
-        attrs.st_size = st.size
-        attrs.st_blksize = BLOCK_SIZE
-        attrs.st_blocks = -(-st.size // 512)
-        attrs.st_atime_ns = attrs.st_ctime_ns = attrs.st_mtime_ns = st.version
-        attrs.attr_timeout = attrs.entry_timeout = self._kernel_term(inode, st)
-        return attrs
+    def _attributes(self, inode: int, st: StatResult) -> Entry:
+        attributes = Attributes(
+            inode=inode,
+            mode=(stat.S_IFDIR | 0o755) if st.is_dir else (stat.S_IFREG | 0o644),
+            size=st.size,
+            mtime_ns=st.version,
+            nlink=2 if st.is_dir else 1,
+            uid=self._uid,
+            gid=self._gid,
+            blksize=BLOCK_SIZE,
+        )
+        return Entry(attributes, self._kernel_term(inode, st))
 
     def _kernel_term(self, inode: int, st: StatResult) -> float:
         """How long the kernel may keep ``st``: what is left of the lease on exactly
@@ -449,9 +440,7 @@ class FscacheOperations(Operations):
             return StatResult(path, entries[at].version, 0, True)
         return await self._stat(path)
 
-    async def lookup(
-        self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext
-    ) -> EntryAttributes:
+    async def lookup(self, parent_inode: int, name: bytes) -> Entry:
         with _errno_replies():
             if name in (b".", b".."):
                 path = self._path(parent_inode)
@@ -462,9 +451,9 @@ class FscacheOperations(Operations):
                 st = await self._entry(self._child(parent_inode, name))
             return self._attributes(self._remember(st.path), st)
 
-    async def forget(self, inode_list: Sequence[tuple[InodeT, int]]) -> None:
+    def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for inode, count in inode_list:
-            if inode == pyfuse3.ROOT_INODE:
+            if inode == ROOT_INODE:
                 continue
             left = self._lookups.get(inode, 0) - count
             if left > 0:
@@ -476,60 +465,53 @@ class FscacheOperations(Operations):
             if path is not None and self._inode_of.get(path) == inode:
                 del self._inode_of[path]
 
-    async def getattr(self, inode: InodeT, ctx: RequestContext) -> EntryAttributes:
+    async def getattr(self, inode: int) -> Entry:
         with _errno_replies():
             return self._attributes(inode, await self._stat(self._path(inode)))
 
-    async def setattr(
-        self,
-        inode: InodeT,
-        attr: EntryAttributes,
-        fields: SetattrFields,
-        fh: FileHandleT | None,
-        ctx: RequestContext,
-    ) -> EntryAttributes:
+    async def setattr(self, inode: int, size: int | None) -> Entry:
         with _errno_replies():
             path = self._path(inode)
-            if fields.update_size:  # modes, owners and times are not stored
+            if size is not None:  # modes, owners and times are not stored
                 open_file = self._open.get(inode)
-                if open_file is not None and (open_file.spool is not None or attr.st_size == 0):
+                if open_file is not None and (open_file.spool is not None or size == 0):
                     if open_file.spool is None:
                         open_file.start_spool()
                     else:
-                        open_file.spool.truncate(attr.st_size)
+                        open_file.spool.truncate(size)
                         _changed(open_file)
                 else:
                     if open_file is not None:
                         await self._write_back(open_file)  # its ranges go first
-                    await self._client.truncate(path, attr.st_size)
+                    await self._client.truncate(path, size)
             return self._attributes(inode, await self._stat(path))
 
-    async def statfs(self, ctx: RequestContext) -> StatvfsData:
-        data = pyfuse3.StatvfsData()
-        data.f_bsize = data.f_frsize = BLOCK_SIZE
-        data.f_namemax = MAX_SEGMENT_BYTES
-        return data
-
     # ------------------------------------------------------------ directories
-    async def opendir(self, inode: InodeT, ctx: RequestContext) -> FileHandleT:
+    async def opendir(self, inode: int) -> Opened:
         with _errno_replies():
             path = self._path(inode)
             fh = self._new_handle()
             self._listings[fh] = (path, [])
-            return fh
+            return Opened(fh)
 
-    async def readdir(self, fh: FileHandleT, start_id: int, token: ReaddirToken) -> None:
+    async def readdir(self, inode: int, fh: int, offset: int) -> Iterable[DirEntry]:
+        """The listing from ``offset`` on (the session takes as many as fit)."""
         with _errno_replies():
             path, entries = self._listings[fh]
-            if start_id == 0:  # (re)start: list afresh
+            if offset == 0:  # (re)start: list afresh
                 entries = await self._list(path)
                 self._listings[fh] = (path, entries)
-            for index in range(start_id, len(entries)):
-                name, st = entries[index]
-                attrs = self._attributes(self._inode(st.path), st)
-                if not pyfuse3.readdir_reply(token, name.encode("utf-8"), attrs, index + 1):
-                    return
-                self._lookups[attrs.st_ino] += 1
+            return self._entries(entries, offset)
+
+    def _entries(self, entries: list[tuple[str, StatResult]], offset: int) -> Iterator[DirEntry]:
+        for index in range(offset, len(entries)):
+            name, st = entries[index]
+            entry = self._attributes(self._inode(st.path), st)
+            yield DirEntry(name.encode("utf-8"), entry, index + 1)
+
+    def listed(self, entries: Sequence[DirEntry]) -> None:
+        for item in entries:  # each is a lookup the kernel will forget
+            self._lookups[item.entry.attributes.inode] += 1
 
     async def _list(self, path: str) -> list[tuple[str, StatResult]]:
         """The leased listing of ``path``: each file as this mount knows it, else as
@@ -544,18 +526,16 @@ class FscacheOperations(Operations):
             listed.append((entry.name, known))
         return listed
 
-    async def releasedir(self, fh: FileHandleT) -> None:
+    async def releasedir(self, inode: int, fh: int) -> None:
         self._listings.pop(fh, None)
 
-    async def mkdir(
-        self, parent_inode: InodeT, name: FileNameT, mode: ModeT, ctx: RequestContext
-    ) -> EntryAttributes:
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int) -> Entry:
         with _errno_replies():
             path = self._child(parent_inode, name)
             await self._client.mkdir(path)
             return self._attributes(self._remember(path), await self._client.stat(path))
 
-    async def rmdir(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> None:
+    async def rmdir(self, parent_inode: int, name: bytes) -> None:
         with _errno_replies():
             path = self._child(parent_inode, name)
             await self._client.rmdir(path)
@@ -563,16 +543,15 @@ class FscacheOperations(Operations):
 
     async def rename(
         self,
-        parent_inode_old: InodeT,
-        name_old: FileNameT,
-        parent_inode_new: InodeT,
-        name_new: FileNameT,
-        flags: FlagT,
-        ctx: RequestContext,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
     ) -> None:
         with _errno_replies():
             if flags:  # NOREPLACE, EXCHANGE: not atomic through a check, so not at all
-                raise pyfuse3.FUSEError(errno.EINVAL)
+                raise FuseError(errno.EINVAL)
             src = self._child(parent_inode_old, name_old)
             dst = self._child(parent_inode_new, name_new)
             below = src + "/"
@@ -588,11 +567,11 @@ class FscacheOperations(Operations):
         self._next_handle += 1
         return fh
 
-    async def open(self, inode: InodeT, flags: FlagT, ctx: RequestContext) -> FileInfo:
+    async def open(self, inode: int, flags: int) -> Opened:
         with _errno_replies():
             return self._opened(inode, flags, spool=bool(flags & os.O_TRUNC))
 
-    def _opened(self, inode: int, flags: int, *, spool: bool) -> FileInfo:
+    def _opened(self, inode: int, flags: int, *, spool: bool) -> Opened:
         open_file = self._open.get(inode)
         if open_file is None:
             open_file = self._open[inode] = _OpenFile(self._path(inode))
@@ -605,16 +584,18 @@ class FscacheOperations(Operations):
         keep = leased is not None and self._paged.get(inode) == leased.version
         if not keep:
             self._paged.pop(inode, None)  # the kernel drops its pages now
-        return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=keep)
+        open_flags = FOPEN_KEEP_CACHE if keep else 0
+        if flags & os.O_ACCMODE == os.O_RDONLY and not spool:
+            open_flags |= FOPEN_NOFLUSH  # nothing to write back: its close need not wait
+        return Opened(fh, open_flags)
 
     async def create(
         self,
-        parent_inode: InodeT,
-        name: FileNameT,
-        mode: ModeT,
-        flags: FlagT,
-        ctx: RequestContext,
-    ) -> tuple[FileInfo, EntryAttributes]:
+        parent_inode: int,
+        name: bytes,
+        mode: int,
+        flags: int,
+    ) -> tuple[Opened, Entry]:
         with _errno_replies():
             path = self._child(parent_inode, name)
             made = True
@@ -622,15 +603,14 @@ class FscacheOperations(Operations):
                 await self._client.write(path, b"", if_version=0)  # 0: only if absent
             except Conflict:
                 if flags & os.O_EXCL:
-                    raise pyfuse3.FUSEError(errno.EEXIST) from None
+                    raise FuseError(errno.EEXIST) from None
                 made = False
             inode = self._remember(path)
             info = self._opened(inode, flags, spool=made or bool(flags & os.O_TRUNC))
             return info, self._attributes(inode, await self._stat(path))
 
-    async def read(self, fh: FileHandleT, off: int, size: int) -> bytes:
+    async def read(self, inode: int, fh: int, off: int, size: int) -> bytes:
         with _errno_replies():
-            inode = self._handles[fh].inode
             open_file = self._open[inode]
             if open_file.spool is not None:
                 self._paged[inode] = MIXED  # pages the server does not have yet
@@ -648,7 +628,7 @@ class FscacheOperations(Operations):
             self._paged[inode] = version if held == version else MIXED
             return data
 
-    async def write(self, fh: FileHandleT, off: int, buf: bytes) -> int:
+    async def write(self, inode: int, fh: int, off: int, buf: bytes) -> int:
         with _errno_replies():
             handle = self._handles[fh]
             open_file = self._open[handle.inode]
@@ -666,14 +646,14 @@ class FscacheOperations(Operations):
                 await self._write_back(open_file)
             return len(buf)
 
-    async def flush(self, fh: FileHandleT) -> None:
+    async def flush(self, inode: int, fh: int) -> None:
         with _errno_replies():
             await self._write_back(self._open[self._handles[fh].inode])
 
-    async def fsync(self, fh: FileHandleT, datasync: bool) -> None:
-        await self.flush(fh)
+    async def fsync(self, inode: int, fh: int, datasync: bool) -> None:
+        await self.flush(inode, fh)
 
-    async def release(self, fh: FileHandleT) -> None:
+    async def release(self, inode: int, fh: int) -> None:
         handle = self._handles.pop(fh)
         open_file = self._open[handle.inode]
         open_file.handles -= 1
@@ -688,7 +668,7 @@ class FscacheOperations(Operations):
                 open_file.drop_spool()
                 del self._open[handle.inode]
 
-    async def unlink(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> None:
+    async def unlink(self, parent_inode: int, name: bytes) -> None:
         with _errno_replies():
             path = self._child(parent_inode, name)
             await self._client.delete(path)
@@ -718,10 +698,10 @@ class FscacheOperations(Operations):
 
         def forget() -> None:
             with contextlib.suppress(OSError):  # ENOENT: the kernel has forgotten it
-                pyfuse3.invalidate_inode(inode, attr_only=False)
+                self._session.invalidate_inode(inode)
             if parent_inode is not None:
                 with contextlib.suppress(OSError):
-                    pyfuse3.invalidate_entry(parent_inode, name)
+                    self._session.invalidate_entry(parent_inode, name)
 
         await trio.to_thread.run_sync(forget)
         self._paged.pop(inode, None)  # (pages read meanwhile were read during it)
@@ -740,9 +720,9 @@ class FscacheOperations(Operations):
         def forget() -> None:
             for name in names:
                 with contextlib.suppress(OSError):
-                    pyfuse3.invalidate_entry(inode, name)
+                    self._session.invalidate_entry(inode, name)
             with contextlib.suppress(OSError):
-                pyfuse3.invalidate_inode(inode, attr_only=True)
+                self._session.invalidate_inode(inode, attributes_only=True)
 
         await trio.to_thread.run_sync(forget)
 
@@ -791,34 +771,28 @@ async def mount(
     unmounted (``fusermount3 -u``) or cancelled; always unmounts on the way out.
 
     The client's cache bound is set to ``cache_bytes`` (see the theory note).
-    ``task_status.started()`` is called once the mount is in place, so
-    ``await nursery.start(mount, client, path)`` returns when it can be used."""
-    global _mounted
-    mountpoint = os.fspath(mountpoint)
-    if pyfuse3 is None:
-        raise FscacheError(f"mounting needs pyfuse3 (pip install 'fscache[fuse]'): {_IMPORT_ERROR}")
-    if _mounted:
-        raise FscacheError("this process already has a mount (pyfuse3 allows one)")
+    ``task_status.started()`` is called once the kernel has been answered INIT,
+    so ``await nursery.start(mount, client, path)`` returns when it can be used.
+    ``debug`` logs every FUSE request (logger ``fscache.fuse``)."""
+    mountpoint = os.path.abspath(mountpoint)
+    if shutil.which("fusermount3") is None:
+        raise FscacheError("mounting needs fusermount3 (apt-get install fuse3)")
     if os.path.ismount(mountpoint):  # (not ours: we have none, so this cannot wait on us)
         raise FscacheError(f"{mountpoint} is already a mount point")
-    # Not pyfuse3's default_permissions: modes are not stored and only the mounting
-    # user can reach the mount, while that option costs a getattr of every directory
-    # on a path at each open (directories have no leases, so each is a round trip).
-    options = set(pyfuse3.default_options) - {"default_permissions"}
-    options |= {f"fsname=fscache:{client.address}", "subtype=fscache"}
     if debug:
-        options.add("debug")
-    try:
-        pyfuse3.init(FscacheOperations(client), mountpoint, options)
-    except RuntimeError as exc:
-        with contextlib.suppress(Exception):
-            pyfuse3.close(unmount=False)
-        raise FscacheError(f"cannot mount on {mountpoint}: {exc}") from None
-    _mounted = True
-    client.cache.max_bytes = cache_bytes  # its leases live there: never none
-    try:
-        task_status.started()
-        await pyfuse3.main()
-    finally:
-        _mounted = False
-        pyfuse3.close(unmount=True)
+        logging.getLogger("fscache.fuse").setLevel(logging.DEBUG)
+    # No default_permissions: modes are not stored and only the mounting user can
+    # reach the mount, while that option costs a getattr of every directory on a
+    # path at each open (directories have no leases, so each is a round trip).
+    options = [f"fsname=fscache:{client.address}", "subtype=fscache"]
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            session = await stack.enter_async_context(
+                mounted(mountpoint, options=options, debug=debug)
+            )
+        except OSError as exc:
+            raise FscacheError(f"cannot mount on {mountpoint}: {exc.strerror or exc}") from None
+        operations = FscacheOperations(client, session)
+        stack.callback(client.before_approval.remove, operations.before_approval)
+        client.cache.max_bytes = cache_bytes  # its leases live there: never none
+        await session.serve(operations, task_status=task_status)

@@ -10,12 +10,13 @@ Test rules for this module:
 * Every mount is torn down, pass or fail: the fixture cancels it (``mount`` always
   unmounts on the way out) and then checks ``/proc/self/mounts``; a mount still
   there is detached with ``fusermount3 -u -z`` and the test fails.
-* The module skips, saying why, only where pyfuse3 cannot be imported or the
-  machine does not let us mount (tried for real once per module).
+* The module skips, saying why, only where the machine does not let us mount
+  (no ``/dev/fuse``, no ``fusermount3``; tried for real once per module).
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
 import functools
@@ -33,13 +34,9 @@ import trio
 
 import fscache
 from fscache.cli import parse_serving_line
+from fscache.client.fuse_session import mounted
+from fscache.client.mount import FscacheOperations, mount
 from fscache.server.service import ServerSettings, serve
-
-pyfuse3 = pytest.importorskip(
-    "pyfuse3", reason="pyfuse3 is not installed (pip install 'fscache[fuse]'; needs libfuse3-dev)"
-)
-
-from fscache.client.mount import mount  # noqa: E402  (after the skip: it needs pyfuse3)
 
 
 def _mounted(path: Path) -> bool:
@@ -57,16 +54,17 @@ def _why_mounting_fails(mountpoint: Path) -> str | None:
         os.close(os.open("/dev/fuse", os.O_RDWR))
     except OSError as exc:
         return f"cannot open /dev/fuse: {exc.strerror}"
-    if os.geteuid() != 0 and shutil.which("fusermount3") is None:
+    if shutil.which("fusermount3") is None:
         return "fusermount3 is not installed (apt-get install fuse3)"
+
+    async def probe() -> None:
+        async with mounted(str(mountpoint)):
+            pass
+
     try:
-        pyfuse3.init(pyfuse3.Operations(), str(mountpoint), set(pyfuse3.default_options))
-    except RuntimeError as exc:
-        pyfuse3.close(unmount=False)
-        return (
-            f"pyfuse3.init: {exc} (mounting is not permitted here; see stderr for libfuse's words)"
-        )
-    pyfuse3.close(unmount=True)
+        trio.run(probe)
+    except OSError as exc:
+        return f"{exc.strerror or exc} (mounting is not permitted here)"
     return None
 
 
@@ -198,6 +196,29 @@ async def test_a_write_elsewhere_reads_new_at_once_though_the_kernel_had_it_cach
         assert await on_mount(os.pread, fd, 100, 0) == b"new, and longer than before"
     finally:
         await on_mount(os.close, fd)
+
+
+async def test_a_read_only_close_waits_for_no_flush_a_writers_close_does(mnt, other, monkeypatch):
+    calls: collections.Counter[str] = collections.Counter()
+
+    def counting(name: str):
+        original = getattr(FscacheOperations, name)
+
+        async def counted(self, *args):
+            calls[name] += 1
+            return await original(self, *args)
+
+        return counted
+
+    for name in ("open", "flush", "release"):
+        monkeypatch.setattr(FscacheOperations, name, counting(name))
+    await other.write("r.txt", b"read only")
+    for _ in range(5):
+        assert await on_mount(read_file, mnt / "r.txt") == b"read only"
+    assert (calls["open"], calls["flush"]) == (5, 0)  # FOPEN_NOFLUSH: close asks nothing
+    await on_mount(write_file, mnt / "r.txt", b"written")
+    assert calls["flush"] == 1
+    assert await other.read("r.txt") == b"written"  # the close returned after the upload
 
 
 async def test_an_evicted_file_leaves_the_kernel_before_its_lease_is_given_back(
@@ -397,19 +418,27 @@ async def test_without_the_server_reads_fail_with_eio_not_stale_data(mountable, 
 
 
 # ---------------------------------------------------------------- mounting and unmounting
-async def test_fusermount_u_ends_the_mount(mountable, server, mountpoint, tmp_path):
-    async with (
-        fscache.open_client("127.0.0.1", server.port) as client,
-        trio.open_nursery() as nursery,
-    ):
-        await nursery.start(mount, client, mountpoint)
-        assert _mounted(mountpoint)
-        with pytest.raises(fscache.FscacheError, match="already has a mount"):
-            await mount(client, tmp_path)  # pyfuse3: one session per process
-        await trio.to_thread.run_sync(
-            lambda: subprocess.run(["fusermount3", "-u", str(mountpoint)], check=True)
-        )
-    assert not _mounted(mountpoint)  # mount() returned by itself
+async def test_fusermount_u_ends_the_mount(mountable, server, mountpoint, other, tmp_path):
+    second = tmp_path / "second"
+    second.mkdir()
+    await other.write("both.txt", b"seen from both mounts")
+    try:
+        async with (
+            fscache.open_client("127.0.0.1", server.port) as client,
+            trio.open_nursery() as nursery,
+        ):
+            await nursery.start(mount, client, mountpoint)
+            assert _mounted(mountpoint)
+            await nursery.start(mount, client, second)  # a second mount in this process
+            for point in (mountpoint, second):
+                assert await on_mount(read_file, point / "both.txt") == b"seen from both mounts"
+            for point in (mountpoint, second):
+                await trio.to_thread.run_sync(
+                    lambda p=point: subprocess.run(["fusermount3", "-u", str(p)], check=True)
+                )
+        assert not _mounted(mountpoint)  # mount() returned by itself
+    finally:
+        _tear_down(second)
 
 
 def test_the_mount_command_serves_until_sigint(mountable, mountpoint, tmp_path):

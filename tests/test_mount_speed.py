@@ -9,8 +9,6 @@ import sys
 
 import pytest
 
-pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed (pip install 'fscache[fuse]')")
-
 
 @pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="/dev/fuse does not exist")
 @pytest.mark.skipif(shutil.which("fusermount3") is None, reason="fusermount3 is not installed")

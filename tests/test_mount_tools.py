@@ -20,10 +20,6 @@ from pathlib import Path
 import pytest
 import trio
 
-pytest.importorskip(
-    "pyfuse3", reason="pyfuse3 is not installed (pip install 'fscache[fuse]'; needs libfuse3-dev)"
-)
-
 from tests import test_mount
 
 mountable = test_mount.mountable
