@@ -306,11 +306,12 @@ class _Holder:
     """A holder while it has leases: the number that stands for it in them, and how
     many it has."""
 
-    __slots__ = ("id", "leases", "number")
+    __slots__ = ("id", "imaginary", "leases", "number")
 
     def __init__(self, holder: HolderId, number: float) -> None:
         self.id = holder
         self.number = number
+        self.imaginary = complex(0.0, number)  # expiry + imaginary: one of its leases
         self.leases = 0
 
 
@@ -563,22 +564,28 @@ class LeaseTable:
             mine = self._holders.get(holder)
             if mine is None:
                 mine = self._new_holder(holder)
-            lease = complex(expiry, mine.number)
+            lease = expiry + mine.imaginary  # complex(expiry, mine.number), made faster
             value = self._leases.get(key)
-            previous: complex | None = None
-            if isinstance(value, _Holders):
+            previous: complex | None = None  # the lease of ``mine`` this one renews
+            if isinstance(value, complex):
+                number = value.imag
+                if number == mine.number:
+                    previous = value
+                    self._leases[key] = lease
+                elif number in self._numbered:  # a second holder
+                    first = self._numbered[number].id
+                    self._leases[key] = _Holders(key, {first: value, holder: lease})
+                else:  # its holder said goodbye
+                    self._leases[key] = lease
+            elif value is None:
+                self._leases[key] = lease
+            else:
                 previous = value.get(holder)
                 value[holder] = lease
                 key = value.key  # one copy of the name for all its holders' filings
-            elif value is None or value.imag not in self._numbered:  # none live
-                self._leases[key] = lease
-            elif value.imag == mine.number:  # its lone holder's lease, renewed
-                previous = value
-                self._leases[key] = lease
-            else:  # a second holder
-                first = self._numbered[value.imag].id
-                self._leases[key] = _Holders(key, {first: value, holder: lease})
-            if previous is None or previous.imag != mine.number:  # a new lease: filed
+                if previous is not None and previous.imag != mine.number:
+                    previous = None  # the holder's from before a goodbye
+            if previous is None:  # a new lease: counted and filed
                 mine.leases += 1
                 self._file(key, expiry + self.skew)
             elif expiry < previous.real:  # renewed for less: dead before its filing?
@@ -603,20 +610,20 @@ class LeaseTable:
         value = self._leases.get(key)
         if mine is None or value is None:
             return
-        if isinstance(value, _Holders):
+        if isinstance(value, complex):
+            if value.imag != mine.number:
+                return
+            del self._leases[key]
+        else:
             lease = value.get(holder)
             if lease is None or lease.imag != mine.number:
                 return
             del value[holder]
             if len(value) == 1:  # one holder's lease left: it stands alone
                 self._leases[key] = next(iter(value.values()))
-        elif value.imag == mine.number:
-            del self._leases[key]
-        else:
-            return
         mine.leases -= 1
-        if not mine.leases:
-            self._retire(mine)
+        if not mine.leases:  # its last lease: retired (as _retire, inline on this path)
+            del self._holders[mine.id], self._numbered[mine.number]
 
     def _file(self, key: str, dead_by: float) -> None:
         """File ``key`` to be swept once ``dead_by`` has passed."""
