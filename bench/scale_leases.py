@@ -21,12 +21,20 @@ each running many :func:`fscache.open_client` clients under one trio loop).
   write is applied. ``apply_s`` is the writer's time from the write's request to
   its reply, over a few repetitions (the holders read the file again between them).
 
+``python -m fscache.bench.scale_leases leases|fanout`` runs one of them alone (see
+``--help``); ``leases --trace DIR`` also writes, for each shape, where the server's
+memory went (``tracemalloc``, grouped by source line) to ``DIR/FILESxHOLDERS.txt``.
+A traced server is slower and its RSS includes the tracer's own records: its RSS row
+is not comparable with an untraced one.
+
 Nothing here is asserted by tests: the figures belong to the machine.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import math
 import os
 import resource
@@ -35,6 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -56,6 +65,8 @@ READS_PER_WORKER = 128  # reads a worker's clients have in flight together: a re
 FANOUT_TARGET = 0  # the file every fan-out holder reads: file_name(0)
 TERM = 3600.0  # no lease expires while it is measured
 FANOUT_TERM = 60.0  # a holder that cannot approve (its link lost) delays a write this long
+TRACE_LINES = 30  # source lines a memory report names, the largest first
+TRACE_TIMEOUT = 600.0  # seconds a traced server may take to write its report
 
 
 # ---------------------------------------------------------------- the tree
@@ -79,10 +90,16 @@ def _raise_open_files() -> None:
 
 
 @contextlib.contextmanager
-def scale_server(root: str, *, term: float = TERM) -> Iterator[ServerProcess]:
+def scale_server(
+    root: str, *, term: float = TERM, trace: str | None = None
+) -> Iterator[ServerProcess]:
     """A server process on a free port, with room for tens of thousands of
-    connections from one identity (the defaults cap them at 1024, 256 per identity)."""
+    connections from one identity (the defaults cap them at 1024, 256 per identity).
+    With ``trace`` (a file name) it traces its allocations and writes where its memory
+    is to that file on SIGUSR1 (:func:`memory_report`)."""
     argv = [sys.executable, "-m", "fscache.bench.scale_leases", "serve", root, repr(term)]
+    if trace is not None:
+        argv.append(trace)
     server = spawn("fscache", argv, parse_serving_line)
     try:
         yield server
@@ -90,9 +107,30 @@ def scale_server(root: str, *, term: float = TERM) -> Iterator[ServerProcess]:
         server.stop()
 
 
-def _serve(root: str, term: float) -> None:
+def memory_report(snapshot: tracemalloc.Snapshot, rss: int) -> str:
+    """The traced memory of ``snapshot`` by source line, largest first, and ``rss``."""
+    stats = snapshot.statistics("lineno")
+    total = sum(stat.size for stat in stats)
+    lines = [f"rss {rss / 1e6:.1f} MB (tracing included), traced {total / 1e6:.1f} MB"]
+    for stat in stats[:TRACE_LINES]:
+        where = stat.traceback[0]
+        size = f"{stat.size / 1e6:8.1f} MB {stat.count:10,d}"
+        lines.append(f"{size}  {where.filename}:{where.lineno}")
+    return "\n".join(lines) + "\n"
+
+
+def _write_report(path: str) -> None:
+    report = memory_report(tracemalloc.take_snapshot(), rss_bytes(os.getpid()))
+    with open(path + ".part", "w") as f:
+        f.write(report)
+    os.replace(path + ".part", path)
+
+
+def _serve(root: str, term: float, trace: str | None = None) -> None:
     from fscache.server.service import ServerSettings, serve
 
+    if trace is not None:
+        tracemalloc.start()
     _raise_open_files()
     connections = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 64
     settings = ServerSettings(
@@ -105,9 +143,14 @@ def _serve(root: str, term: float) -> None:
             service = await nursery.start(serve, settings)
             print(f"fscache serving {root} on {service.host}:{service.port} (term {term:g} s)")
             sys.stdout.flush()
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for _ in signals:
-                    break
+            with trio.open_signal_receiver(
+                signal.SIGINT, signal.SIGTERM, signal.SIGUSR1
+            ) as signals:
+                async for signum in signals:
+                    if signum != signal.SIGUSR1:
+                        break
+                    if trace is not None:
+                        _write_report(trace)
             nursery.cancel_scope.cancel()
 
     trio.run(run)
@@ -237,8 +280,10 @@ def measure_leases(
     shapes: Sequence[tuple[int, int]] = ((100_000, 10), (1_000_000, 1)),
     *,
     processes: int = 4,
+    trace_dir: str | None = None,
 ) -> list[dict[str, float]]:
-    """Server RSS with ``files * holders`` live leases, for each ``(files, holders)``."""
+    """Server RSS with ``files * holders`` live leases, for each ``(files, holders)``.
+    With ``trace_dir``, each shape's :func:`memory_report` is written there."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="fscache-scale-") as root:
         make_tree(root, max(files for files, _ in shapes))
@@ -249,12 +294,19 @@ def measure_leases(
                 for _ in range(holders)
                 for g in range(groups)
             ]
-            with scale_server(root) as server:
+            trace = None
+            if trace_dir is not None:
+                trace = os.path.join(os.path.abspath(trace_dir), f"{files}x{holders}.txt")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(trace)
+            with scale_server(root, trace=trace) as server:
                 baseline = rss_bytes(server.pid)
                 holding = Holders(("127.0.0.1", server.port), specs, processes)
                 try:
                     leases = trio.run(_live_leases, server.port)
                     rss = rss_bytes(server.pid)
+                    if trace is not None:
+                        _await_report(server, trace)
                 finally:
                     holding.close()
             rows.append(
@@ -269,6 +321,15 @@ def measure_leases(
                 }
             )
     return rows
+
+
+def _await_report(server: ServerProcess, path: str) -> None:
+    os.kill(server.pid, signal.SIGUSR1)
+    deadline = time.monotonic() + TRACE_TIMEOUT
+    while not os.path.exists(path):
+        if time.monotonic() > deadline or server.popen.poll() is not None:
+            raise RuntimeError(f"the traced server wrote no memory report to {path}")
+        time.sleep(0.5)
 
 
 async def _live_leases(port: int) -> int:
@@ -319,12 +380,48 @@ async def _timed_write(port: int) -> float:
         return time.perf_counter() - started
 
 
+def _shape(text: str) -> tuple[int, int]:
+    files, _, holders = text.partition("x")
+    try:
+        return int(files), int(holders)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a shape is FILESxHOLDERS, not {text!r}") from None
+
+
 def _main(argv: Sequence[str]) -> int:
-    if len(argv) == 3 and argv[0] == "serve":
-        _serve(argv[1], float(argv[2]))
+    if argv[:1] == ["serve"] and len(argv) in (3, 4):  # the server process of scale_server
+        _serve(argv[1], float(argv[2]), *argv[3:])
         return 0
-    print("usage: python -m fscache.bench.scale_leases serve ROOT TERM", file=sys.stderr)
-    return 2
+    parser = argparse.ArgumentParser(
+        prog="python -m fscache.bench.scale_leases",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    leases = commands.add_parser("leases", help="server RSS against live leases")
+    leases.add_argument(
+        "--shape", type=_shape, action="append", metavar="FILESxHOLDERS",
+        help="files and holders of each file (repeatable; default 100000x10 and 1000000x1)",
+    )  # fmt: skip
+    leases.add_argument("--trace", metavar="DIR", help="write memory reports here")
+    fanout = commands.add_parser("fanout", help="a write to a file many clients hold")
+    fanout.add_argument(
+        "--holders", type=int, action="append", metavar="N",
+        help="clients holding the file (repeatable; default 100, 1000 and 10000)",
+    )  # fmt: skip
+    fanout.add_argument("--repetitions", type=int, default=5)
+    for command in (leases, fanout):
+        command.add_argument("--processes", type=int, default=4, help="client processes")
+    args = parser.parse_args(argv)
+    if args.command == "leases":
+        shapes = args.shape or [(100_000, 10), (1_000_000, 1)]
+        rows = measure_leases(shapes, processes=args.processes, trace_dir=args.trace)
+    else:
+        holders = args.holders or [100, 1_000, 10_000]
+        rows = measure_fanout(holders, repetitions=args.repetitions, processes=args.processes)
+    for row in rows:
+        print(json.dumps(row))
+    return 0
 
 
 if __name__ == "__main__":
@@ -336,5 +433,6 @@ __all__ = [
     "make_tree",
     "measure_fanout",
     "measure_leases",
+    "memory_report",
     "scale_server",
 ]

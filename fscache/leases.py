@@ -80,23 +80,32 @@ delegations):
 
 Memory and cost (a million live leases must fit a small server):
 
-* A lease is one entry in its holder's dict, ``key: expiry``: that dict is what
-  the holder holds, its size the holder's count, its keys what a goodbye
-  relinquishes. Who holds a key is the holder's id itself while the key has one
-  holder (no container) and a dict of holders from the second on. Holder ids are
-  the caller's own objects (a session's id), shared by all of its leases.
+* A lease costs the table one dict entry, one 32-byte value and one reference to
+  its key where it is filed to be swept (below). A lease is ``complex(expiry,
+  number)``, where ``number`` stands for its holder: a complex is a pair of exact
+  doubles in one object, where a tuple of the holder and a float takes 80 bytes.
+  A key maps to its lease while it has one holder, and to a dict of its leases by
+  holder from the second on, which keeps one copy of the key's name for all of
+  them (each read brings its own copy). There is no index of a holder's keys:
+  it would take a second dict entry per lease.
+* A holder has a record (its number and its count of leases) while it has a
+  lease. A goodbye ends all its leases at once by retiring the record: a lease
+  whose number belongs to no record is ended, for every rule, and is dropped when
+  it is swept or another lease replaces it. So a goodbye costs the writes then
+  waiting for approvals, not the holder's leases, and the same holder's next
+  lease bears a new number.
 * Expired leases are swept from *buckets*: a bucket opens at the dead-by instant
   (``expiry + skew``) of the first lease filed in it and takes later ones dead
   within ``PURGE_GRANULARITY`` of that; :meth:`LeaseTable.next_deadline` is due
   that long after it opened, so a lease is swept at most that late, and every
   :meth:`LeaseTable.tick` sweeps all leases dead by then (a bucket only partly
   due is put in dead-by order once and swept from the front). A lease is filed
-  (one reference to its key) when it is granted to a holder that had none on the
-  key, or when a re-grant ends earlier than the lease it renews; renewing to a
-  later expiry files nothing. A swept key with live leases left is filed again
-  at its earliest live dead-by. So a sweep touches only filed entries that are
-  due -- its cost is in leases granted, never a scan of the live ones
-  (:attr:`LeaseTable.purge_steps` counts it).
+  when it is granted to a holder that had none on the key, or when a re-grant
+  ends earlier than the lease it renews; renewing to a later expiry files
+  nothing. A swept key with live leases left is filed again at its earliest live
+  dead-by. So a sweep touches only filed entries that are due -- its cost is in
+  leases granted, never a scan of the live ones (:attr:`LeaseTable.purge_steps`
+  counts it).
 * A waiting write keeps the dead-by instants it waits on in a heap: waiting out
   expired holders and finding the next deadline cost the holders that expire, and
   an approval is a dict deletion, however many holders the write asked.
@@ -293,14 +302,27 @@ class _Op:
         return next(iter(self.keys))
 
 
-class _Holders(dict[HolderId, None]):
-    """The holders of a key that has more than one, in the order they came, and the
-    one copy of the key's name their leases share (each read brings its own copy)."""
+class _Holder:
+    """A holder while it has leases: the number that stands for it in them, and how
+    many it has."""
+
+    __slots__ = ("id", "imaginary", "leases", "number")
+
+    def __init__(self, holder: HolderId, number: float) -> None:
+        self.id = holder
+        self.number = number
+        self.imaginary = complex(0.0, number)  # expiry + imaginary: one of its leases
+        self.leases = 0
+
+
+class _Holders(dict[HolderId, complex]):
+    """The leases on a key that more than one holder has had, as its holders came, and
+    the one copy of the key's name their filings share (each read brings its own)."""
 
     __slots__ = ("key",)
 
-    def __init__(self, key: str, *holders: HolderId) -> None:
-        super().__init__(dict.fromkeys(holders))
+    def __init__(self, key: str, leases: dict[HolderId, complex]) -> None:
+        super().__init__(leases)
         self.key = key
 
 
@@ -332,9 +354,12 @@ class LeaseTable:
         self.policy = policy
         self.skew = check_duration("skew", skew)
         self.hold_writes_until = hold_writes_until if hold_writes_until is not None else -1.0
-        # key: its holder, or its holders from the second on (see "Memory and cost")
-        self._leases: dict[str, HolderId | _Holders] = {}
-        self._held: dict[HolderId, dict[str, float]] = {}  # holder: key: expiry
+        # key: its lease, complex(expiry, holder's number), or its leases by holder from
+        # the second holder on (see "Memory and cost")
+        self._leases: dict[str, complex | _Holders] = {}
+        self._holders: dict[HolderId, _Holder] = {}  # those with leases
+        self._numbered: dict[float, _Holder] = {}  # the same, by number
+        self._last_number = 0.0
         self._queues: dict[str, deque[_Op]] = {}  # only keys with a queued write
         self._started: dict[str, _Op] = {}  # key: the write asking its holders to approve
         self._applying: dict[OpId, _Op] = {}  # writes handed out as ApplyWrite
@@ -364,18 +389,20 @@ class LeaseTable:
 
     def holders(self, key: str, now: float) -> dict[HolderId, float]:
         """Live holders of ``key`` and their expiry (server clock)."""
-        held = self._held
-        live = ((h, held[h][key]) for h in self._holders_of(key))
-        return {h: exp for h, exp in live if now < exp + self.skew}
+        return {h.id: exp for h, exp in self._leases_on(key) if now < exp + self.skew}
 
     def live_leases(self, now: float) -> int:
-        return sum(
-            1 for held in self._held.values() for exp in held.values() if now < exp + self.skew
-        )
+        skew, numbered, count = self.skew, self._numbered, 0
+        for value in self._leases.values():
+            for lease in value.values() if isinstance(value, _Holders) else (value,):
+                if now < lease.real + skew and lease.imag in numbered:
+                    count += 1
+        return count
 
     def leases_held(self, holder: HolderId) -> int:
         """How many keys ``holder`` has a lease on (expired ones until they are purged)."""
-        return len(self._held.get(holder, ()))
+        mine = self._holders.get(holder)
+        return 0 if mine is None else mine.leases
 
     def pending_writes(self) -> int:
         return len({id(op) for q in self._queues.values() for op in q if op.is_write})
@@ -470,8 +497,12 @@ class LeaseTable:
             for queued in [q for q in queue if q.holder == holder and not q.is_write]:
                 queue.remove(queued)
                 effects.append(Discarded(queued.op))
-        if goodbye:
-            effects += self.relinquish(holder, list(self._held.get(holder, ())), now)
+        mine = self._holders.get(holder)
+        if goodbye and mine is not None:  # its leases end, all at once: see _retire
+            self._retire(mine)
+            for key, write in list(self._started.items()):
+                if write.waiting_on.pop((key, holder), None) is not None:
+                    effects += self._try_apply(write, now)
         return effects
 
     def write_done(self, op: OpId, now: float, *, ok: bool) -> list[Effect]:
@@ -484,9 +515,9 @@ class LeaseTable:
         for key in applied.keys:
             head = self._queues[key].popleft()
             assert head is applied
-            for holder in self._holders_of(key):
-                if ok or holder != applied.holder:  # a failed writer still caches the old value
-                    self._end_lease(key, holder)
+            for mine, _ in self._leases_on(key):
+                if ok or mine.id != applied.holder:  # a failed writer still caches the old value
+                    self._end_lease(key, mine.id)
         effects: list[Effect] = []
         if ok:
             for key in applied.keys:
@@ -512,54 +543,87 @@ class LeaseTable:
         """The started writes not yet applying, each once."""
         return list(dict.fromkeys(self._started.values()))
 
-    def _holders_of(self, key: str) -> tuple[HolderId, ...]:
-        holders = self._leases.get(key)
-        if holders is None:
-            return ()
-        if type(holders) is _Holders:
-            return tuple(holders)
-        return (holders,)  # type: ignore[return-value]  # the one holder's id
+    def _leases_on(self, key: str) -> list[tuple[_Holder, float]]:
+        """``(holder, expiry)`` of each lease on ``key`` that has not ended (an expired
+        one until it is swept; not one whose holder said goodbye)."""
+        value = self._leases.get(key)
+        if value is None:
+            return []
+        numbered = self._numbered
+        return [
+            (mine, lease.real)
+            for lease in (value.values() if isinstance(value, _Holders) else (value,))
+            if (mine := numbered.get(lease.imag)) is not None  # else it said goodbye
+        ]
 
     def _lease(self, holder: HolderId, key: str, now: float) -> float:
         """Record a lease of the policy's term for ``holder`` on ``key``; return the term."""
         term = self.policy.term(key, now)
         if term > 0:
             expiry = now + term
-            held = self._held.get(holder)
-            if held is None:
-                held = self._held[holder] = {}
-            previous = held.get(key)
-            if previous is None:  # a new lease: the key learns its holder, and it is filed
-                holders = self._leases.get(key)
-                if holders is None:
-                    self._leases[key] = holder
-                elif type(holders) is _Holders:
-                    holders[holder] = None
-                    key = holders.key  # one copy of the name for every holder after the first
-                else:
-                    self._leases[key] = _Holders(key, holders, holder)  # type: ignore[arg-type]
-                held[key] = expiry
-                self._file(key, expiry + self.skew)
+            mine = self._holders.get(holder)
+            if mine is None:
+                mine = self._new_holder(holder)
+            lease = expiry + mine.imaginary  # complex(expiry, mine.number), made faster
+            value = self._leases.get(key)
+            previous: complex | None = None  # the lease of ``mine`` this one renews
+            if isinstance(value, complex):
+                number = value.imag
+                if number == mine.number:
+                    previous = value
+                    self._leases[key] = lease
+                elif number in self._numbered:  # a second holder
+                    first = self._numbered[number].id
+                    self._leases[key] = _Holders(key, {first: value, holder: lease})
+                else:  # its holder said goodbye
+                    self._leases[key] = lease
+            elif value is None:
+                self._leases[key] = lease
             else:
-                held[key] = expiry
-                if expiry < previous:  # renewed for less: it may be dead before its filing
-                    self._file(key, expiry + self.skew)
+                previous = value.get(holder)
+                value[holder] = lease
+                key = value.key  # one copy of the name for all its holders' filings
+                if previous is not None and previous.imag != mine.number:
+                    previous = None  # the holder's from before a goodbye
+            if previous is None:  # a new lease: counted and filed
+                mine.leases += 1
+                self._file(key, expiry + self.skew)
+            elif expiry < previous.real:  # renewed for less: dead before its filing?
+                self._file(key, expiry + self.skew)
             self.leases_granted += 1
         return term
 
+    def _new_holder(self, holder: HolderId) -> _Holder:
+        self._last_number += 1.0
+        mine = _Holder(holder, self._last_number)
+        self._holders[holder] = self._numbered[mine.number] = mine
+        return mine
+
+    def _retire(self, mine: _Holder) -> None:
+        """``mine`` has no lease left, or has said goodbye: each lease that still bears
+        its number is ended (dropped when swept or replaced), and a later lease of the
+        same holder bears a new number."""
+        del self._holders[mine.id], self._numbered[mine.number]
+
     def _end_lease(self, key: str, holder: HolderId) -> None:
-        held = self._held.get(holder)
-        if held is None or held.pop(key, None) is None:
+        mine = self._holders.get(holder)
+        value = self._leases.get(key)
+        if mine is None or value is None:
             return
-        if not held:
-            del self._held[holder]
-        holders = self._leases[key]
-        if type(holders) is _Holders:
-            del holders[holder]
-            if len(holders) == 1:
-                self._leases[key] = next(iter(holders))
-        else:
+        if isinstance(value, complex):
+            if value.imag != mine.number:
+                return
             del self._leases[key]
+        else:
+            lease = value.get(holder)
+            if lease is None or lease.imag != mine.number:
+                return
+            del value[holder]
+            if len(value) == 1:  # one holder's lease left: it stands alone
+                self._leases[key] = next(iter(value.values()))
+        mine.leases -= 1
+        if not mine.leases:  # its last lease: retired (as _retire, inline on this path)
+            del self._holders[mine.id], self._numbered[mine.number]
 
     def _file(self, key: str, dead_by: float) -> None:
         """File ``key`` to be swept once ``dead_by`` has passed."""
@@ -675,15 +739,28 @@ class LeaseTable:
 
     def _dead_by(self, key: str) -> float:
         """When the first of ``key``'s leases is dead (-inf: it has none)."""
-        held, holders = self._held, self._holders_of(key)
-        return min((held[h][key] for h in holders), default=-math.inf - self.skew) + self.skew
+        leases = self._leases_on(key)
+        return min((exp for _, exp in leases), default=-math.inf - self.skew) + self.skew
 
     def _sweep(self, key: str, now: float) -> None:
-        held, skew, live = self._held, self.skew, math.inf
-        for holder in self._holders_of(key):
-            dead_by = held[holder][key] + skew
+        """End the leases on ``key`` dead by ``now``, drop those of holders that said
+        goodbye, and file ``key`` again if some are left."""
+        value = self._leases.get(key)
+        if isinstance(value, _Holders):
+            numbered = self._numbered
+            for holder in [h for h, lease in value.items() if lease.imag not in numbered]:
+                del value[holder]
+            if not value:
+                del self._leases[key]
+            elif len(value) == 1:
+                self._leases[key] = next(iter(value.values()))
+        elif value is not None and value.imag not in self._numbered:
+            del self._leases[key]
+        skew, live = self.skew, math.inf
+        for mine, expiry in self._leases_on(key):
+            dead_by = expiry + skew
             if dead_by <= now:
-                self._end_lease(key, holder)
+                self._end_lease(key, mine.id)
             elif dead_by < live:
                 live = dead_by
         if live < math.inf:

@@ -118,9 +118,9 @@ inode write per read).  Closing the descriptor and filling the content cache wai
 for :meth:`Store.settle`, which the server calls once the reply is on its way.
 
 Content cache.  Files read again and again are served from memory, validated by
-one ``lstat`` per read: an entry holds the data, its version and the key
-``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` of the inode it was read
-from; a read whose ``lstat`` of ``root/path`` finds a regular file with that exact
+one ``lstat`` per read: an entry holds the data and the key ``(st_dev, st_ino,
+st_size, st_mtime_ns, st_ctime_ns)`` of the inode it was read from (the mtime is
+the version); a read whose ``lstat`` of ``root/path`` finds a regular file with that exact
 key returns the entry, anything else (an error, another inode, a symlink, any
 changed field) drops it and reads the file as above.  The key catches every
 change: a write by anyone replaces the inode (new ``st_ino``) or edits it in place,
@@ -145,13 +145,21 @@ way), so cached bytes were always read from inside the root,
 and a later ``lstat`` that reaches anything but that same inode misses.  (One
 difference: if a directory on the path is moved out of the root and replaced by a
 symlink to its new place, the unchanged file keeps being served from the cache
-until it changes -- bytes already read from inside the root, never new ones.)  The
-cache holds at most ``content_cache_bytes`` (data plus a per-entry overhead
-estimate), files of at most ``_CACHE_ENTRY_MAX`` bytes, and evicts the oldest
-entries first.  A hit is a dict lookup, one ``lstat`` and one tuple compare; all
-changes to the cache (filling, dropping, and the store's own changes dropping
-what they replaced, only to free memory sooner) take a lock that a hit never
-touches.
+until it changes -- bytes already read from inside the root, never new ones.)
+
+The cache's memory is bounded by what it really takes, not by its data alone: it
+holds files of at most ``_CACHE_ENTRY_MAX`` bytes, at most ``content_cache_files``
+of them (32,768), and at most ``content_cache_bytes`` (64 MiB) counting for each
+entry its data, its path and ``_CACHE_ENTRY_OVERHEAD`` for the rest (a test
+checks with ``tracemalloc`` that nothing more is held).  It evicts the oldest
+entries first (a file cached again may go at its first place).  So a million
+tiny files hold it to about 11 MB as charged, not 64 MiB (about 5 MB in fact
+when leases share the paths: the key is packed in one bytes object rather than a
+tuple of five ints, and the order of entries is a deque of paths beside a plain
+dict rather than an ``OrderedDict``).  A hit is a dict lookup, one ``lstat`` and
+one compare of packed keys; all changes to the cache (filling, dropping, and the
+store's own changes dropping what they replaced, only to free memory sooner)
+take a lock that a hit never touches.
 
 Versions.  A write sets the new file's mtime to
 ``max(time.time_ns(), old + 1, floor + 1)``, where ``old`` is the version being
@@ -232,12 +240,13 @@ import heapq
 import os
 import secrets
 import stat as stat_mod
+import struct
 import sys
 import threading
 import unicodedata
 import weakref
 from bisect import bisect_right
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
@@ -289,12 +298,19 @@ _MAX_STAMP_TRIES = 80
 
 _CACHE_ENTRY_MAX = 1 << 20
 """Files larger than this are never held in the content cache."""
-_CACHE_ENTRY_OVERHEAD = 512
-"""Bytes charged per cache entry on top of its data (key, path, dict slot): rough."""
+_CACHE_FILES = 32_768
+"""Files the content cache holds at most by default, however small: that many tiny
+entries are charged about 11 MB (see "Content cache")."""
+_CACHE_ENTRY_OVERHEAD = 320
+"""Bytes charged per content-cache entry besides the lengths of its data and its path:
+the dict and order slots, the entry, its key, and the headers of the data and the path
+(``tests/test_store.py`` checks that ``tracemalloc`` finds no more)."""
+_pack_key = struct.Struct("=QQqqq").pack  # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
+_ORDER_SLACK = 1024  # places of dropped paths the content cache's order may keep
 _RACY_NS = 2 * 10**9
 """A file is cached only if its ctime is at least this much older than the wall clock."""
 
-_Key = tuple[int, int, int, int, int]
+_Key = bytes  # see _key
 
 _SORT_RUN = 4096
 """Names sorted in one C call at most: see :func:`_sorted_in_runs`."""
@@ -339,14 +355,17 @@ class _Listings:
 
 
 class _Cached:
-    """A content-cache entry: the file's data and version, and the key that validates it."""
+    """A content-cache entry: the file's data and the key that validates it."""
 
-    __slots__ = ("data", "key", "version")
+    __slots__ = ("data", "key")
 
     def __init__(self, key: _Key, data: bytes) -> None:
         self.key = key
-        self.version = key[3]  # st_mtime_ns
         self.data = data
+
+    def cost(self, path: str) -> int:
+        """The bytes it is charged against the cache's budget, held for ``path``."""
+        return _CACHE_ENTRY_OVERHEAD + len(path) + len(self.data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,6 +418,7 @@ class Store:
         *,
         max_file_size: int,
         content_cache_bytes: int = 64 << 20,
+        content_cache_files: int = _CACHE_FILES,
         shared: bool = False,
         exclusive: bool = False,
     ) -> None:
@@ -406,6 +426,8 @@ class Store:
             raise FscacheError(f"max_file_size must be >= 0, not {max_file_size}")
         if content_cache_bytes < 0:
             raise FscacheError(f"content_cache_bytes must be >= 0, not {content_cache_bytes}")
+        if content_cache_files < 0:
+            raise FscacheError(f"content_cache_files must be >= 0, not {content_cache_files}")
         shown = os.fspath(root)
         try:
             real = os.path.realpath(shown)
@@ -424,17 +446,23 @@ class Store:
         self._floors: dict[str, int] = {}
         self._prune_at = _FLOOR_PRUNE_MIN
         self.content_cache_bytes: int = content_cache_bytes
+        self.content_cache_files: int = content_cache_files
         self.content_hits: int = 0
         """Reads served from the content cache (approximate if ``read`` runs in threads)."""
-        self._content: OrderedDict[str, _Cached] = OrderedDict()  # oldest first
-        self._content_bytes = 0  # data + overhead of the entries in _content
-        self._content_lock = threading.Lock()  # guards every change to the two above
+        self._content: dict[str, _Cached] = {}
+        # Their paths in the order cached, oldest first (a dict cannot drop its oldest
+        # item in O(1)), and paths since dropped, which eviction skips: see _cache.
+        self._content_order: deque[str] = deque()
+        self._content_bytes = 0  # the cost of the entries in _content
+        self._content_lock = threading.Lock()  # guards every change to the three above
         self._listings = _Listings(
             min_names=LISTING_PAGE_ENTRIES + 1, max_names=_LISTING_CACHE_NAMES
         )
         # Largest cacheable file; negative (none) when the cache is off or too small.
-        self._content_entry_max = min(
-            _CACHE_ENTRY_MAX, max_file_size, content_cache_bytes - _CACHE_ENTRY_OVERHEAD
+        self._content_entry_max = (
+            min(_CACHE_ENTRY_MAX, max_file_size, content_cache_bytes - _CACHE_ENTRY_OVERHEAD)
+            if content_cache_files
+            else -1
         )
         self._time_ns: Callable[[], int] = time_ns  # the wall clock (a seam for tests)
         # Reads whose descriptor is still open and whose data is not yet cached: settle()
@@ -498,7 +526,7 @@ class Store:
             else:
                 if _key(st) == entry.key and stat_mod.S_ISREG(st.st_mode):
                     self.content_hits += 1
-                    return entry.version, entry.data
+                    return st.st_mtime_ns, entry.data  # the key's mtime: the version
             self._uncache(path, entry)
         started = self._time_ns()  # before the open: see "Content cache" above
         fd = self._open_for_read(path)
@@ -539,8 +567,9 @@ class Store:
                 len(data) <= self._content_entry_max
                 and st.st_ctime_ns <= started - _RACY_NS
                 and len(data) == st.st_size
+                and (key := _key(st)) is not None
             ):
-                self._cache(path, _Cached(_key(st), data))
+                self._cache(path, _Cached(key, data))
 
     def stat(self, path: str) -> tuple[int, int, bool]:
         """``(version, size, is_dir)``; a directory's version is its mtime, its size 0."""
@@ -992,10 +1021,10 @@ class Store:
         try:
             st = os.fstat(fd)
             key = _key(st)
-            listed = self._listings.get(path, key)
+            listed = None if key is None else self._listings.get(path, key)
             if listed is None:
                 listed = _names_in(fd)
-                if st.st_ctime_ns <= started - _RACY_NS:
+                if key is not None and st.st_ctime_ns <= started - _RACY_NS:
                     self._listings.put(path, key, listed)
             names, dirs = listed
             yield fd, st.st_mtime_ns, names, dirs
@@ -1195,25 +1224,37 @@ class Store:
             return fd
 
     def _cache(self, path: str, entry: _Cached) -> None:
-        """Hold ``entry`` for ``path``, evicting the oldest entries to stay in budget."""
-        cost = len(entry.data) + _CACHE_ENTRY_OVERHEAD
+        """Hold ``entry`` for ``path``, evicting the oldest entries to stay within both
+        budgets. The order keeps a path's place when it is dropped or cached again
+        (it is not searched for): eviction skips a path no longer held, and evicts a
+        path cached again at its first place, a little early. Once the order holds
+        ``_ORDER_SLACK`` such places more than there are entries, it is made anew."""
+        cost = entry.cost(path)
         with self._content_lock:
-            old = self._content.pop(path, None)
+            content, order = self._content, self._content_order
+            old = content.pop(path, None)
             if old is not None:
-                self._content_bytes -= len(old.data) + _CACHE_ENTRY_OVERHEAD
+                self._content_bytes -= old.cost(path)
             budget = self.content_cache_bytes - cost
-            while self._content and self._content_bytes > budget:
-                _, victim = self._content.popitem(last=False)
-                self._content_bytes -= len(victim.data) + _CACHE_ENTRY_OVERHEAD
-            self._content[path] = entry
+            while content and (
+                self._content_bytes > budget or len(content) >= self.content_cache_files
+            ):
+                victim = order.popleft()
+                evicted = content.pop(victim, None)
+                if evicted is not None:
+                    self._content_bytes -= evicted.cost(victim)
+            content[path] = entry
+            order.append(path)
             self._content_bytes += cost
+            if len(order) > len(content) + _ORDER_SLACK:
+                self._content_order = deque(content)
 
     def _uncache(self, path: str, entry: _Cached) -> None:
         """Drop ``entry`` if it still is the one held for ``path``."""
         with self._content_lock:
             if self._content.get(path) is entry:
                 del self._content[path]
-                self._content_bytes -= len(entry.data) + _CACHE_ENTRY_OVERHEAD
+                self._content_bytes -= entry.cost(path)
 
     def _forget(self, *paths: str) -> None:
         """Drop the entries for files we replaced or removed (to free memory early:
@@ -1222,7 +1263,7 @@ class Store:
             for path in paths:
                 entry = self._content.pop(path, None)
                 if entry is not None:
-                    self._content_bytes -= len(entry.data) + _CACHE_ENTRY_OVERHEAD
+                    self._content_bytes -= entry.cost(path)
 
     @contextmanager
     def _locked(self, *fulls: str) -> Iterator[None]:
@@ -1416,9 +1457,14 @@ def _check_extent(op: str, path: str, **values: int) -> None:
             raise ProtocolError(f"cannot {op} {path!r}: {name} must be 0..2**63-1, not {value}")
 
 
-def _key(st: os.stat_result) -> _Key:
-    """What a content-cache entry is validated by (see "Content cache" above)."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def _key(st: os.stat_result) -> _Key | None:
+    """What a content-cache or listing-cache entry is validated by (see "Content
+    cache" above), packed in one object; None (not cached) for an inode whose times
+    do not fit 64 bits of nanoseconds (set beyond the year 2262)."""
+    try:
+        return _pack_key(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    except struct.error:
+        return None
 
 
 def _regular_file_version(st: os.stat_result, op: str, path: str) -> int:

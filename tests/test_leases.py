@@ -375,6 +375,28 @@ def test_goodbye_releases_writes_on_every_path_the_holder_held() -> None:
     assert t.live_leases(now=2.0) == 0
 
 
+def test_a_holder_back_after_its_goodbye_starts_with_no_lease() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), A, "q", now=0.0)
+    t.read(op(3), B, "q", now=0.0)
+    t.disconnected(A, goodbye=True, now=1.0)
+    assert t.leases_held(A) == 0
+    assert t.holders("q", now=1.0) == {B: 10.0}
+
+    assert t.read(op(4), A, "p", now=2.0) == TERM  # the same session, connected again
+    assert t.leases_held(A) == 1
+    assert t.holders("p", now=2.0) == {A: 12.0}
+    assert t.holders("q", now=2.0) == {B: 10.0}  # its old lease on q did not come back
+    t.tick(10.1 + PURGE_GRANULARITY)
+    assert t.holders("p", now=11.1) == {A: 12.0}
+    assert t.live_leases(now=11.1) == 1
+    assert t.next_deadline() == 12.1 + PURGE_GRANULARITY
+    t.tick(12.1 + PURGE_GRANULARITY)
+    assert t.live_leases(now=12.1) == 0
+    assert t.next_deadline() is None
+
+
 def test_disconnect_without_goodbye_keeps_leases_until_expiry_plus_skew() -> None:
     t = table()
     t.read(op(1), A, "p", now=0.0)

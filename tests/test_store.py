@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -711,7 +712,7 @@ def test_cache_tells_apart_files_that_differ_only_in_inode(cstore: Store, root: 
 
 
 def test_cache_stays_within_its_byte_budget(root: Path, opens: list[str]) -> None:
-    cost = 100 + store_mod._CACHE_ENTRY_OVERHEAD
+    cost = store_mod._CACHE_ENTRY_OVERHEAD + len("a") + 100  # overhead, path, data
     s = Store(root, max_file_size=MAX, content_cache_bytes=3 * cost)
     s._time_ns = lambda: time.time_ns() + LATER
     for name in "abcd":
@@ -732,6 +733,96 @@ def test_cache_stays_within_its_byte_budget(root: Path, opens: list[str]) -> Non
     assert list(s._content) == ["c", "d", "a"]
     s.settle()  # close and cache the reads so far
     assert s._content_bytes == 3 * cost
+
+
+def test_cache_holds_at_most_its_number_of_files_however_small(
+    root: Path, opens: list[str]
+) -> None:
+    s = Store(root, max_file_size=MAX, content_cache_files=3)
+    s._time_ns = lambda: time.time_ns() + LATER
+    for name in "abcde":
+        put(root, name, b"")
+        s.read(name)
+        s.settle()  # close and cache the reads so far
+        assert len(s._content) <= 3
+    assert list(s._content) == ["c", "d", "e"]  # the oldest went
+    s.read("d")  # a hit keeps its place
+    put(root, "e", b"changed")  # a miss drops its entry; cached again, it is the newest
+    s.read("e")
+    s.settle()
+    assert list(s._content) == ["c", "d", "e"]
+    s.read("a")
+    s.settle()
+    assert list(s._content) == ["d", "e", "a"]
+    assert s._content_bytes == sum(entry.cost(path) for path, entry in s._content.items())
+    with pytest.raises(FscacheError):
+        Store(root, max_file_size=MAX, content_cache_files=-1)
+
+
+def test_a_cache_entry_takes_no_more_memory_than_it_is_charged(root: Path) -> None:
+    """Tiny files cost the cache their overhead, not their data: it is counted, so a
+    million of them cannot grow it past its budget. Measured by tracemalloc: what the
+    entries hold (their paths included, as if no lease shared them)."""
+    files = 2_000
+    s = Store(root, max_file_size=MAX, content_cache_files=files)
+    s._time_ns = lambda: time.time_ns() + LATER
+    for i in range(files):
+        put(root, f"d/f{i:05d}", b"" if i % 2 else b"x" * (i % 100))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for i in range(files):
+            s.read(f"d/f{i:05d}".encode().decode())  # a path of its own, as from a frame
+            s.settle()
+        gc.collect()
+        used, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(s._content) == files
+    assert used <= s._content_bytes
+
+
+def test_a_dropped_entry_frees_its_data_at_once_and_the_order_stays_small(
+    cstore: Store, root: Path
+) -> None:
+    put(root, "big", b"x" * 60_000)
+    put(root, "small", b"y")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for n in range(3 * store_mod._ORDER_SLACK):
+            assert cstore.read("big")[1] == b"x" * 60_000
+            cstore.settle()  # cached
+            cstore._forget("big")  # as the store's own write of it does
+            cstore.read("small")
+            cstore.settle()
+            assert len(cstore._content_order) <= 2 + store_mod._ORDER_SLACK
+            if n == 0:
+                gc.collect()
+                first, _ = tracemalloc.get_traced_memory()
+        gc.collect()
+        used, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert list(cstore._content) == ["small"]
+    assert used - first < 60_000  # no dropped copy of big is held
+
+
+def test_a_file_whose_times_do_not_fit_64_bits_is_read_but_not_cached(
+    cstore: Store, root: Path, opens: list[str]
+) -> None:
+    p = put(root, "future", b"data")
+    try:
+        os.utime(p, ns=(0, 2**63 + 10**9))  # past the year 2262
+    except (OSError, OverflowError):
+        pytest.skip("this file system cannot set such a time")
+    version = os.stat(p).st_mtime_ns
+    if version < 2**63:
+        pytest.skip("this file system does not keep such a time")
+    for _ in range(2):
+        assert cstore.read("future") == (version, b"data")
+        cstore.settle()
+    assert len(opens) == 2 and cstore._content == {}
 
 
 def test_own_write_and_delete_drop_the_entry(cstore: Store, root: Path) -> None:
