@@ -918,12 +918,13 @@ class FileService:
                 decoder.feed(data)
             connection.received_at = received_at
             outbox.batching = True
-            handled = 0
+            handled = approvals = 0
             try:
                 while (message := decoder.next_message()) is not None:
                     frame_began = received_at  # what is left began in the last receive
                     self._dispatch(connection, message)
                     handled += 1
+                    approvals += type(message) is p.Approve
                     if connection.part is not None:
                         await self._write_part(connection)
                         received_at = trio.current_time()  # the socket was not read meanwhile
@@ -940,7 +941,8 @@ class FileService:
             finally:
                 outbox.batching = False
             sent = outbox.flush_now()  # the replies first, the bookkeeping after
-            self._deadline_may_have_moved()  # once per batch, for the reads' new leases
+            if approvals != handled:  # approvals alone move no deadline earlier
+                self._deadline_may_have_moved()  # once per batch, for the reads' new leases
             if not sent:
                 await outbox.flush()  # backpressure: read no more until the kernel takes it
             self.store.settle()  # close and cache what the batch read, now the replies are out
@@ -1352,7 +1354,8 @@ class FileService:
         effects = self.table.approve(
             connection.holder, key, OpId(message.write), trio.current_time()
         )
-        self._execute(effects)
+        if effects:  # else the next deadline can only be later: the receive loop looks
+            self._execute(effects)
 
     def _on_stats(self, connection: Connection, message: p.GetStats) -> None:
         self.counters.stats_requests += 1
