@@ -770,8 +770,8 @@ class FileService:
         )  # fmt: skip
         if not isinstance(attached, Attached):
             raise Unauthorized(f"resume refused: {attached.reason}")
-        if not attached.resumed:
-            log.info("client %s: session %s is unknown; a new one", hello.client_id, hello.session)
+        if not attached.resumed:  # after a restart, every client's: not worth a line each
+            log.debug("client %s: session %s is unknown; a new one", hello.client_id, hello.session)
             return attached, secret
         return attached, hello.secret
 
