@@ -232,6 +232,15 @@ class _Link:
         self._send_turn = trio.lowlevel.ParkingLot()
         self.last_heard = 0.0
         self.broken = False
+        # Set by the first request while the watchdog sleeps for want of one: an idle
+        # link keeps no timer (ten thousand idle clients in one process cost no CPU).
+        self.watchdog_parked: trio.Event | None = None
+
+    def requests_began(self) -> None:
+        """A request waits where none did: silence from now on counts."""
+        if self.watchdog_parked is not None:
+            self.watchdog_parked.set()
+            self.watchdog_parked = None
 
     async def send(self, message: p.Message) -> None:
         await self.send_frame(p.encode(message))
@@ -1065,6 +1074,7 @@ class Client:
         request.sent_at = self._clock()
         if not link.waiting:
             link.last_heard = request.sent_at  # silence is measured from the first request
+            link.requests_began()
         link.waiting[request_id] = request
         try:
             await link.send_frame(frame)
@@ -1298,8 +1308,12 @@ class Client:
                 await wire.aclose()
 
     async def _watchdog(self, link: _Link) -> None:
-        """Ping while requests wait in silence; give the link up after DEAD_AFTER."""
+        """Ping while requests wait in silence; give the link up after DEAD_AFTER.
+        While none waits it sleeps without a timer until one is sent."""
         while True:
+            if not link.waiting:
+                link.watchdog_parked = parked = trio.Event()
+                await parked.wait()
             await trio.sleep(PING_AFTER / 2)
             if not link.waiting:
                 continue
