@@ -11,6 +11,7 @@ never how fast.
 from __future__ import annotations
 
 import math
+import socket
 
 import pytest
 import trio
@@ -22,7 +23,7 @@ from fscache.bench.scale_conns import (
     measure_fairness,
     measure_restart_storm,
 )
-from fscache.client.client import BACKOFF_FIRST, BACKOFF_MAX, backoff_delay
+from fscache.client.client import BACKOFF_FIRST, BACKOFF_MAX, backoff_delay, open_tcp
 from fscache.net import SocketWire
 from fscache.server.service import MAX_REQUESTS_PER_TURN
 from tests.harness import Cluster
@@ -118,6 +119,18 @@ def test_a_client_is_served_while_another_floods_the_server():
 
 
 # ---------------------------------------------------------------- reconnecting
+async def test_an_address_is_connected_to_directly_and_a_name_through_resolution():
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        port = listening.getsockname()[1]
+        for host in ("127.0.0.1", "localhost"):
+            stream = await open_tcp(host, port)
+            assert stream.socket.getpeername() == ("127.0.0.1", port)
+            await stream.aclose()
+            listening.accept()[0].close()
+    with pytest.raises(OSError):  # nobody listens there any more
+        await open_tcp("127.0.0.1", port)
+
+
 def test_backoff_waits_are_fully_jittered_under_a_doubling_bound():
     for failures in range(12):
         bound = min(BACKOFF_MAX, BACKOFF_FIRST * 2**failures)
