@@ -99,9 +99,14 @@ Opener = Callable[[], Awaitable[trio.abc.Stream]]
 M = TypeVar("M", bound=p.Message)
 
 CONNECT_TIMEOUT = 5.0
+# s: how long a reconnecting client waits for the welcome once the server has taken its
+# connection. A server busy with a storm of reconnections answers them in arrival order;
+# a client that gave up would only go to the back of the line, and the server would
+# have done the work of its handshake for nothing.
+RECONNECT_WELCOME_TIMEOUT = 30.0
 RECONNECT_WAIT = 1.0  # a request waits this long for a lost connection to come back
-BACKOFF_FIRST = 0.05  # s: the cap of the first wait after a failed connection attempt
-BACKOFF_MAX = 2.0  # s: the cap doubles per failure up to this
+BACKOFF_FIRST = 0.25  # s: the cap of the wait before the first attempt after a loss
+BACKOFF_MAX = 4.0  # s: the cap doubles per failed attempt up to this
 PING_AFTER = 1.0  # silence while requests wait before we ping
 DEAD_AFTER = 3.0  # silence while requests wait before the connection is given up
 RELINQUISH_BATCH = 256
@@ -113,10 +118,12 @@ Fencing = locks.Lock | p.Fence | None  # what fence= takes: a lock, or (name, to
 
 
 def backoff_delay(failures: int) -> float:
-    """The wait after ``failures`` + 1 failed connection attempts in a row: full
+    """The wait before a connection attempt after ``failures`` failed ones in a row
+    since the connection was lost (the first attempt too: ``failures`` is 0): full
     jitter, uniform in [0, min(BACKOFF_MAX, BACKOFF_FIRST * 2**failures)]. Clients
     that lost one server together retry at spread-out times, not in lockstep waves
-    that overflow its listen queue when it comes back."""
+    that overflow its listen queue when it comes back; and each makes a few
+    attempts while it is down, not one every few milliseconds."""
     cap = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** min(failures, 32))
     return _jitter.uniform(0.0, cap)
 
@@ -1216,7 +1223,9 @@ class Client:
             index, start = index + 1, 0
 
     # ------------------------------------------------------------ connection management
-    async def _connect_once(self) -> tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]:
+    async def _connect_once(
+        self, welcome_timeout: float = CONNECT_TIMEOUT
+    ) -> tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]:
         try:
             with trio.fail_after(CONNECT_TIMEOUT), _TransportErrors(self, "cannot connect"):
                 stream = await self._opener()
@@ -1229,7 +1238,7 @@ class Client:
             tls_handshake=isinstance(stream, trio.SSLStream),
         )
         try:
-            with trio.fail_after(CONNECT_TIMEOUT), handshake:
+            with trio.fail_after(welcome_timeout), handshake:
                 await stream.send_all(p.encode(self._hello()))
                 while (message := decoder.next_message()) is None:
                     data = await stream.receive_some(256 * 1024)
@@ -1266,11 +1275,11 @@ class Client:
         failures = 0
         while not self._closing:
             if connection is None:
+                await trio.sleep(backoff_delay(failures))
                 try:
-                    connection = await self._connect_once()
+                    connection = await self._connect_once(RECONNECT_WELCOME_TIMEOUT)
                 except FscacheError as exc:
                     log.debug("reconnect to %s failed: %s", self.address, exc)
-                    await trio.sleep(backoff_delay(failures))
                     failures += 1
                     continue
                 self._counters.reconnects += 1

@@ -17,16 +17,23 @@ import pytest
 import trio
 import trio.testing
 
+import fscache
 from fscache import protocol as p
 from fscache.bench.scale_conns import (
     measure_connections,
     measure_fairness,
     measure_restart_storm,
 )
-from fscache.client.client import BACKOFF_FIRST, BACKOFF_MAX, backoff_delay, open_tcp
+from fscache.client.client import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    CONNECT_TIMEOUT,
+    backoff_delay,
+    open_tcp,
+)
 from fscache.net import SocketWire
 from fscache.server.service import MAX_REQUESTS_PER_TURN
-from tests.harness import Cluster
+from tests.harness import Cluster, RawPeer
 
 
 @pytest.fixture
@@ -119,6 +126,77 @@ def test_a_client_is_served_while_another_floods_the_server():
 
 
 # ---------------------------------------------------------------- reconnecting
+class _Restarts:
+    """A server the test plays by hand, one connection per attempt: ``script(n, peer)``
+    serves the n-th (0 first); the time of each attempt is kept."""
+
+    def __init__(self, nursery, script):
+        self.nursery = nursery
+        self.script = script
+        self.attempts: list[float] = []
+
+    async def open(self) -> trio.abc.Stream:
+        self.attempts.append(trio.current_time())
+        client_side, server_side = trio.testing.memory_stream_pair()
+        self.nursery.start_soon(self.script, len(self.attempts) - 1, RawPeer(server_side))
+        return client_side
+
+
+def _welcome(session: str) -> p.Welcome:
+    return p.Welcome(
+        version=p.PROTOCOL_VERSION, epoch=session, term=10.0, skew=0.1,
+        max_frame=p.DEFAULT_MAX_FRAME, session=session, secret=b"k", resumed=False,
+    )  # fmt: skip
+
+
+async def test_the_first_attempt_after_a_lost_connection_is_jittered_too(nursery, autojump_clock):
+    """Clients that lose one server together do not all try again at the same instant:
+    the first attempt waits up to BACKOFF_FIRST, like every later one its bound."""
+    lost = trio.Event()
+
+    async def script(n: int, peer: RawPeer) -> None:
+        assert isinstance(await peer.receive(), p.Hello)
+        await peer.send(_welcome(f"s{n}"))
+        if n == 0:
+            await peer.close()  # the server goes away
+            lost.set()
+        else:
+            await trio.sleep_forever()
+
+    server = _Restarts(nursery, script)
+    async with fscache.open_client(opener=server.open, clock=trio.current_time) as client:
+        await lost.wait()
+        gone = trio.current_time()
+        while client.stats["reconnects"] == 0:
+            await trio.sleep(0.01)
+        assert 0 < server.attempts[1] - gone <= BACKOFF_FIRST
+
+
+async def test_a_reconnecting_client_waits_its_turn_for_the_welcome(nursery, autojump_clock):
+    """A server busy with a storm answers a reconnect's hello after more than
+    CONNECT_TIMEOUT: the client keeps its place instead of starting over."""
+    lost = trio.Event()
+
+    async def script(n: int, peer: RawPeer) -> None:
+        assert isinstance(await peer.receive(), p.Hello)
+        if n == 1:
+            await trio.sleep(3 * CONNECT_TIMEOUT)  # the others' handshakes first
+        await peer.send(_welcome(f"s{n}"))
+        if n == 0:
+            await peer.close()
+            lost.set()
+        else:
+            await trio.sleep_forever()
+
+    server = _Restarts(nursery, script)
+    async with fscache.open_client(opener=server.open, clock=trio.current_time) as client:
+        await lost.wait()
+        while client.stats["reconnects"] == 0:
+            await trio.sleep(0.1)
+        assert len(server.attempts) == 2  # one attempt, answered late
+        assert client.epoch == "s1"
+
+
 async def test_an_address_is_connected_to_directly_and_a_name_through_resolution():
     with socket.create_server(("127.0.0.1", 0)) as listening:
         port = listening.getsockname()[1]
