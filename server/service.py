@@ -65,18 +65,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import gc
 import ipaddress
 import json
 import logging
 import math
+import os
 import resource
 import secrets
 import signal
+import socket
 import ssl
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any, ClassVar
@@ -157,6 +160,12 @@ SWITCH_INTERVAL = 0.001  # seconds a thread may hold the GIL while another waits
 # this at net.core.somaxconn, 4096 on current Linux), so that thousands of clients
 # reconnecting at once after a restart wait in the queue instead of being dropped.
 LISTEN_BACKLOG = 0xFFFF
+# New connections whose handshake starts per pass of the scheduler. Everything the
+# kernel has queued is accepted at once (its queue is never what fills up); the rest
+# wait, accepted, in arrival order, so a pass during a storm of reconnections stays a
+# few milliseconds long and the accept loop comes round again soon.
+HANDSHAKES_PER_TURN = 64
+ACCEPT_RETRY = 0.1  # s: out of descriptors or memory, accept again after this
 # Young objects the garbage collector lets accumulate before a collection (Python's
 # default is 700). A server with 10,000 connections holds some 640,000 objects that
 # live as long as the connections; with the default, the burst of objects of one
@@ -629,13 +638,57 @@ class FileService:
     async def _accept(
         self, listeners: list[trio.SocketListener], ssl_context: ssl.SSLContext | None
     ) -> None:
-        async def handler(stream: trio.SocketStream) -> None:
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(self._accept_from, listener, nursery, ssl_context)
+
+    async def _accept_from(
+        self,
+        listener: trio.SocketListener,
+        nursery: trio.Nursery,
+        ssl_context: ssl.SSLContext | None,
+    ) -> None:
+        """Accept connections on ``listener`` and serve each in a task of ``nursery``.
+
+        trio's ``SocketListener.accept`` passes through the scheduler after each
+        connection, so a server busy with a storm of reconnections took one per pass
+        while the kernel's queue overflowed. Here each pass accepts everything queued
+        (on a duplicate of the listening descriptor, with no pass in between) and
+        starts the handshakes of at most HANDSHAKES_PER_TURN of them; the others wait,
+        accepted, in arrival order."""
+        arrived: deque[socket.socket] = deque()
+        accepting = socket.socket(fileno=os.dup(listener.socket.fileno()))
+        accepting.setblocking(False)
+        try:
+            async with listener:
+                while True:
+                    out_of_room = not _accept_queued(accepting, arrived)
+                    for _ in range(min(len(arrived), HANDSHAKES_PER_TURN)):
+                        nursery.start_soon(self._serve_socket, arrived.popleft(), ssl_context)
+                    if out_of_room:
+                        await trio.sleep(ACCEPT_RETRY)
+                    elif arrived:
+                        await trio.lowlevel.checkpoint()
+                    else:
+                        await trio.lowlevel.wait_readable(accepting)
+        finally:
+            for sock in arrived:
+                sock.close()
+            accepting.close()
+
+    async def _serve_socket(self, sock: socket.socket, ssl_context: ssl.SSLContext | None) -> None:
+        try:
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        except OSError:  # reset before we looked at it
+            sock.close()
+            return
+        try:
             if ssl_context is None:
                 await self.serve_stream(stream)
             else:
                 await self.serve_stream(trio.SSLStream(stream, ssl_context, server_side=True))
-
-        await trio.serve_listeners(handler, listeners)
+        finally:
+            await trio.aclose_forcefully(stream)
 
     async def _reload_access_on_sighup(self, path: str) -> None:
         """Load the access file again on each SIGHUP; a bad file leaves the rules as they
@@ -1644,6 +1697,30 @@ class FileService:
         if live == 0 and not self._pending:
             end_incarnation_cleanly(self.store, self.policy.max_term, self.settings.skew)
         return live
+
+
+# accept()'s errors: the peer left before we took it (take the next), and the process
+# or the system is out of descriptors or memory (wait, then accept again)
+_ACCEPT_SKIPPED = frozenset({errno.ECONNABORTED, errno.EPERM, errno.EPROTO})
+_ACCEPT_OUT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
+
+def _accept_queued(listening: socket.socket, arrived: deque[socket.socket]) -> bool:
+    """Append to ``arrived`` every connection the kernel has queued on ``listening``;
+    False if accept() ran out of descriptors or memory (logged)."""
+    while True:
+        try:
+            sock, _ = listening.accept()
+        except BlockingIOError:
+            return True
+        except OSError as exc:
+            if exc.errno in _ACCEPT_SKIPPED:
+                continue
+            if exc.errno in _ACCEPT_OUT_OF:
+                log.error("accept failed: %s; accepting again in %s s", exc, ACCEPT_RETRY)
+                return False
+            raise
+        arrived.append(sock)
 
 
 def _raise_open_files_limit() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import socket
+from collections import deque
 
 import pytest
 import trio
@@ -32,7 +33,13 @@ from fscache.client.client import (
     open_tcp,
 )
 from fscache.net import SocketWire
-from fscache.server.service import MAX_REQUESTS_PER_TURN
+from fscache.server.service import (
+    HANDSHAKES_PER_TURN,
+    MAX_REQUESTS_PER_TURN,
+    ServerSettings,
+    _accept_queued,
+    serve,
+)
 from tests.harness import Cluster, RawPeer
 
 
@@ -94,6 +101,38 @@ async def test_socket_wires_of_one_run_share_one_receive_buffer():
         assert wires[0]._buffer is wires[1]._buffer
         for wire in wires:
             await wire.aclose()
+
+
+# ---------------------------------------------------------------- accepting
+def test_the_accept_loop_takes_every_queued_connection_at_once():
+    """What the kernel has queued on the listening socket is taken in one go, without
+    a pass through the scheduler between two connections."""
+    with socket.create_server(("127.0.0.1", 0), backlog=256) as listening:
+        listening.setblocking(False)
+        peers = [socket.create_connection(listening.getsockname()) for _ in range(100)]
+        arrived: deque[socket.socket] = deque()
+        try:
+            assert _accept_queued(listening, arrived)  # not out of descriptors
+            assert len(arrived) == 100
+            assert _accept_queued(listening, arrived) and len(arrived) == 100  # none left
+        finally:
+            for sock in [*arrived, *peers]:
+                sock.close()
+
+
+async def test_a_burst_of_connections_beyond_one_turn_is_served_in_full(nursery, root):
+    """Three turns' worth of connections arrive at once: each is welcomed."""
+    server = await nursery.start(serve, ServerSettings(root=str(root), port=0))
+    count = 3 * HANDSHAKES_PER_TURN
+    streams = [await trio.open_tcp_stream("127.0.0.1", server.port) for _ in range(count)]
+    peers = [RawPeer(stream) for stream in streams]
+    for i, peer in enumerate(peers):
+        await peer.send(p.Hello(version=p.PROTOCOL_VERSION, client_id=f"burst-{i}"))
+    welcomes = [await peer.receive() for peer in peers]
+    assert all(isinstance(welcome, p.Welcome) for welcome in welcomes)
+    assert server.counters.connections_total == count
+    for peer in peers:
+        await peer.close()
 
 
 # ---------------------------------------------------------------- fairness
