@@ -117,7 +117,7 @@ from fscache.paths import normalize, normalize_key
 from fscache.server.ephemeral import Nowhere, Ties
 from fscache.server.latency import Latencies
 from fscache.server.locks import LockService
-from fscache.server.logs import event, wall_time
+from fscache.server.logs import EVENTS, event, wall_time
 from fscache.server.store import Facts, Store, Upload
 from fscache.sessions import Attached, SessionTable, default_ttl
 from fscache.settings import (
@@ -1486,7 +1486,10 @@ class FileService:
         self._deadline_may_have_moved()  # even with no effects: a write may now wait
 
     def _log_delayed(self, op: OpId, path: str, effects: list[Effect]) -> None:
-        """Write ``op`` on ``path`` could not be applied on arrival: say what it waits for."""
+        """Write ``op`` on ``path`` could not be applied on arrival: say what it waits for
+        (when events are logged: the list of holders asked is a write's own fan-out)."""
+        if not EVENTS.isEnabledFor(logging.INFO):
+            return
         asked = [e.holder for e in effects if isinstance(e, SendApprovalRequest) and e.write == op]
         window = self.table.hold_writes_until - trio.current_time()
         cause = "approvals" if asked else "restart window" if window > 0 else "an earlier write"
