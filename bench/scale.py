@@ -10,7 +10,9 @@ server process:
 * **fan-out** -- a write to a file held by 100 to 10,000 clients that all approve at
   once: seconds from its request to its reply
   (:func:`fscache.bench.scale_leases.measure_fanout`);
-* **restart storm** -- every client coming back after a server restart
+* **restart storm** -- 10,000 clients coming back after a SIGKILL and restart of the
+  server: when, how many connection attempts the kernel dropped (a refusal: the
+  bar is none), how many read old data
   (:func:`fscache.bench.scale_conns.measure_restart_storm`);
 * **fairness** -- an idle client's latency while others load the server
   (:func:`fscache.bench.scale_conns.measure_fairness`).
@@ -52,7 +54,7 @@ def _sizes(quick: bool) -> dict[str, Any]:
         "lease_shapes": [(100_000, 10), (1_000_000, 1)],
         "fanout": [100, 1_000, 10_000],
         "fanout_repetitions": 5,
-        "storm_clients": 1_000,
+        "storm_clients": 10_000,
         "fairness_s": 5.0,
     }
 
@@ -99,8 +101,14 @@ _COLUMNS = {  # each measurement's fields, in the order shown
     "leases": [
         "files", "holders", "leases", "server_rss_bytes", "baseline_rss_bytes", "bytes_per_lease",
     ],
-    "fanout": ["holders", "repetitions", "apply_p50_s", "apply_max_s"],
-    "restart_storm": ["clients", "all_back_s", "median_back_s", "refused", "stale_reads"],
+    "fanout": [
+        "holders", "repetitions", "apply_p50_s", "apply_max_s", "server_cpu_p50_s",
+        "holders_cpu_p50_s",
+    ],
+    "restart_storm": [
+        "clients", "all_back_s", "median_back_s", "refused", "listen_overflows", "stale_reads",
+        "server_cpu_s",
+    ],
     "fairness": ["idle_median_s", "idle_p99_s", "loaded_median_s", "loaded_p99_s", "ratio"],
 }  # fmt: skip
 

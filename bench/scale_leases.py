@@ -19,7 +19,9 @@ each running many :func:`fscache.open_client` clients under one trio loop).
 * :func:`measure_fanout` -- ``holders`` clients read one file, then one more client
   writes it: each holder is sent an approval request, approves at once, and the
   write is applied. ``apply_s`` is the writer's time from the write's request to
-  its reply, over a few repetitions (the holders read the file again between them).
+  its reply, over a few repetitions (the holders read the file again between them);
+  ``server_cpu`` and ``holders_cpu`` the CPU time the server and the holders'
+  processes used meanwhile.
 
 ``python -m fscache.bench.scale_leases leases|fanout`` runs one of them alone (see
 ``--help``); ``leases --trace DIR`` also writes, for each shape, where the server's
@@ -50,7 +52,7 @@ from typing import Any
 import trio
 
 import fscache
-from fscache.bench.harness import ServerProcess, rss_bytes, spawn
+from fscache.bench.harness import ServerProcess, process_cpu_seconds, rss_bytes, spawn
 from fscache.bench.procs import WorkerPool
 from fscache.cli import parse_serving_line
 
@@ -345,7 +347,9 @@ def measure_fanout(
     processes: int = 4,
 ) -> list[dict[str, float]]:
     """Seconds from a write's request to its reply when ``n`` clients hold the file
-    and each approves at once, for each ``n`` in ``holders``."""
+    and each approves at once, for each ``n`` in ``holders``; and the CPU time the
+    server and the holders' processes used meanwhile (median over the writes: on a
+    machine that runs other work, how much of the wait was this work)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="fscache-fanout-") as root:
         make_tree(root, FANOUT_TARGET + 1)
@@ -353,12 +357,16 @@ def measure_fanout(
             for n in holders:
                 spec = (FANOUT_TARGET, FANOUT_TARGET + 1)
                 holding = Holders(("127.0.0.1", server.port), [spec] * n, processes)
+                pids = [process.pid for process in holding.pool.processes]
                 try:
-                    times = []
+                    times, server_cpu, holders_cpu = [], [], []
                     for rep in range(repetitions):
                         if rep:
                             holding.read_all()
+                        before = server.cpu_seconds(), _cpu_of(pids)
                         times.append(trio.run(_timed_write, server.port))
+                        server_cpu.append(server.cpu_seconds() - before[0])
+                        holders_cpu.append(_cpu_of(pids) - before[1])
                 finally:
                     holding.close()
                 print(f"fan-out to {n} holders: {times}", file=sys.stderr, flush=True)
@@ -368,9 +376,15 @@ def measure_fanout(
                         "repetitions": repetitions,
                         "apply_p50_s": statistics.median(times),
                         "apply_max_s": max(times),
+                        "server_cpu_p50_s": statistics.median(server_cpu),
+                        "holders_cpu_p50_s": statistics.median(holders_cpu),
                     }
                 )
     return rows
+
+
+def _cpu_of(pids: Sequence[int | None]) -> float:
+    return sum(process_cpu_seconds(pid) for pid in pids if pid is not None)
 
 
 async def _timed_write(port: int) -> float:

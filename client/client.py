@@ -50,8 +50,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import logging
 import random
+import socket
 import ssl
 import time
 import uuid
@@ -97,9 +99,14 @@ Opener = Callable[[], Awaitable[trio.abc.Stream]]
 M = TypeVar("M", bound=p.Message)
 
 CONNECT_TIMEOUT = 5.0
+# s: how long a reconnecting client waits for the welcome once the server has taken its
+# connection. A server busy with a storm of reconnections answers them in arrival order;
+# a client that gave up would only go to the back of the line, and the server would
+# have done the work of its handshake for nothing.
+RECONNECT_WELCOME_TIMEOUT = 30.0
 RECONNECT_WAIT = 1.0  # a request waits this long for a lost connection to come back
-BACKOFF_FIRST = 0.05  # s: the cap of the first wait after a failed connection attempt
-BACKOFF_MAX = 2.0  # s: the cap doubles per failure up to this
+BACKOFF_FIRST = 0.25  # s: the cap of the wait before the first attempt after a loss
+BACKOFF_MAX = 4.0  # s: the cap doubles per failed attempt up to this
 PING_AFTER = 1.0  # silence while requests wait before we ping
 DEAD_AFTER = 3.0  # silence while requests wait before the connection is given up
 RELINQUISH_BATCH = 256
@@ -111,10 +118,12 @@ Fencing = locks.Lock | p.Fence | None  # what fence= takes: a lock, or (name, to
 
 
 def backoff_delay(failures: int) -> float:
-    """The wait after ``failures`` + 1 failed connection attempts in a row: full
+    """The wait before a connection attempt after ``failures`` failed ones in a row
+    since the connection was lost (the first attempt too: ``failures`` is 0): full
     jitter, uniform in [0, min(BACKOFF_MAX, BACKOFF_FIRST * 2**failures)]. Clients
     that lost one server together retry at spread-out times, not in lockstep waves
-    that overflow its listen queue when it comes back."""
+    that overflow its listen queue when it comes back; and each makes a few
+    attempts while it is down, not one every few milliseconds."""
     cap = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** min(failures, 32))
     return _jitter.uniform(0.0, cap)
 
@@ -232,6 +241,15 @@ class _Link:
         self._send_turn = trio.lowlevel.ParkingLot()
         self.last_heard = 0.0
         self.broken = False
+        # Set by the first request while the watchdog sleeps for want of one: an idle
+        # link keeps no timer (ten thousand idle clients in one process cost no CPU).
+        self.watchdog_parked: trio.Event | None = None
+
+    def requests_began(self) -> None:
+        """A request waits where none did: silence from now on counts."""
+        if self.watchdog_parked is not None:
+            self.watchdog_parked.set()
+            self.watchdog_parked = None
 
     async def send(self, message: p.Message) -> None:
         await self.send_frame(p.encode(message))
@@ -1065,6 +1083,7 @@ class Client:
         request.sent_at = self._clock()
         if not link.waiting:
             link.last_heard = request.sent_at  # silence is measured from the first request
+            link.requests_began()
         link.waiting[request_id] = request
         try:
             await link.send_frame(frame)
@@ -1204,7 +1223,9 @@ class Client:
             index, start = index + 1, 0
 
     # ------------------------------------------------------------ connection management
-    async def _connect_once(self) -> tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]:
+    async def _connect_once(
+        self, welcome_timeout: float = CONNECT_TIMEOUT
+    ) -> tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]:
         try:
             with trio.fail_after(CONNECT_TIMEOUT), _TransportErrors(self, "cannot connect"):
                 stream = await self._opener()
@@ -1217,7 +1238,7 @@ class Client:
             tls_handshake=isinstance(stream, trio.SSLStream),
         )
         try:
-            with trio.fail_after(CONNECT_TIMEOUT), handshake:
+            with trio.fail_after(welcome_timeout), handshake:
                 await stream.send_all(p.encode(self._hello()))
                 while (message := decoder.next_message()) is None:
                     data = await stream.receive_some(256 * 1024)
@@ -1254,11 +1275,11 @@ class Client:
         failures = 0
         while not self._closing:
             if connection is None:
+                await trio.sleep(backoff_delay(failures))
                 try:
-                    connection = await self._connect_once()
+                    connection = await self._connect_once(RECONNECT_WELCOME_TIMEOUT)
                 except FscacheError as exc:
                     log.debug("reconnect to %s failed: %s", self.address, exc)
-                    await trio.sleep(backoff_delay(failures))
                     failures += 1
                     continue
                 self._counters.reconnects += 1
@@ -1298,8 +1319,12 @@ class Client:
                 await wire.aclose()
 
     async def _watchdog(self, link: _Link) -> None:
-        """Ping while requests wait in silence; give the link up after DEAD_AFTER."""
+        """Ping while requests wait in silence; give the link up after DEAD_AFTER.
+        While none waits it sleeps without a timer until one is sent."""
         while True:
+            if not link.waiting:
+                link.watchdog_parked = parked = trio.Event()
+                await parked.wait()
             await trio.sleep(PING_AFTER / 2)
             if not link.waiting:
                 continue
@@ -1492,11 +1517,29 @@ def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, 
     return host, int(port_text)
 
 
+async def open_tcp(host: str, port: int) -> trio.SocketStream:
+    """A TCP connection to ``host``: an address literal with one socket and one
+    connect, a name through ``trio.open_tcp_stream``, which resolves it and races its
+    addresses (for an address, five passes through the scheduler and a task: three
+    times the CPU of a connect, a cost a reconnecting client pays on every attempt)."""
+    try:
+        version = ipaddress.ip_address(host).version
+    except ValueError:
+        return await trio.open_tcp_stream(host, port)
+    sock = trio.socket.socket(socket.AF_INET6 if version == 6 else socket.AF_INET)
+    try:
+        await sock.connect((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)
+
+
 def tcp_opener(host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> Opener:
     async def open_stream() -> trio.abc.Stream:
         if ssl_context is None:
-            return await trio.open_tcp_stream(host, port)
-        stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
+            return await open_tcp(host, port)
+        stream = trio.SSLStream(await open_tcp(host, port), ssl_context, server_hostname=host)
         try:
             await stream.do_handshake()
         except BaseException:

@@ -65,17 +65,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import gc
 import ipaddress
 import json
 import logging
 import math
+import os
 import resource
 import secrets
 import signal
+import socket
 import ssl
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any, ClassVar
@@ -113,7 +117,7 @@ from fscache.paths import normalize, normalize_key
 from fscache.server.ephemeral import Nowhere, Ties
 from fscache.server.latency import Latencies
 from fscache.server.locks import LockService
-from fscache.server.logs import event, wall_time
+from fscache.server.logs import EVENTS, event, wall_time
 from fscache.server.store import Facts, Store, Upload
 from fscache.sessions import Attached, SessionTable, default_ttl
 from fscache.settings import (
@@ -151,11 +155,24 @@ MAX_SECRET = 64  # bytes: a hello's secret longer than this is refused unread
 # thousands of requests delays another's by at most this many (about 1 ms), while
 # the replies to a turn still leave in one write.
 MAX_REQUESTS_PER_TURN = 32
+SWITCH_INTERVAL = 0.001  # seconds a thread may hold the GIL while another waits
 # Connections the kernel queues for accept(): as many as it allows (it silently caps
 # this at net.core.somaxconn, 4096 on current Linux), so that thousands of clients
 # reconnecting at once after a restart wait in the queue instead of being dropped.
-SWITCH_INTERVAL = 0.001  # seconds a thread may hold the GIL while another waits
 LISTEN_BACKLOG = 0xFFFF
+# New connections whose handshake starts per pass of the scheduler. Everything the
+# kernel has queued is accepted at once (its queue is never what fills up); the rest
+# wait, accepted, in arrival order, so a pass during a storm of reconnections stays a
+# few milliseconds long and the accept loop comes round again soon.
+HANDSHAKES_PER_TURN = 64
+ACCEPT_RETRY = 0.1  # s: out of descriptors or memory, accept again after this
+# Young objects the garbage collector lets accumulate before a collection (Python's
+# default is 700). A server with 10,000 connections holds some 640,000 objects that
+# live as long as the connections; with the default, the burst of objects of one
+# write's 10,000 approval requests was promoted to the old generation and each such
+# write ended in a full collection that walked all of them (0.4-0.6 s of CPU). At this
+# threshold short-lived objects die before a collection looks at them.
+GC_YOUNG_THRESHOLD = 50_000
 
 
 @dataclasses.dataclass
@@ -584,6 +601,7 @@ class FileService:
         # a 100,000-name directory was listed: another client's p99 round trip went
         # from 4.2 ms to 3.0 ms.
         sys.setswitchinterval(SWITCH_INTERVAL)
+        gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         self.host, self.port = listeners[0].socket.getsockname()[:2]
         if ssl_context is None and not all(_is_loopback(lst) for lst in listeners):
             log.warning(
@@ -620,13 +638,57 @@ class FileService:
     async def _accept(
         self, listeners: list[trio.SocketListener], ssl_context: ssl.SSLContext | None
     ) -> None:
-        async def handler(stream: trio.SocketStream) -> None:
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(self._accept_from, listener, nursery, ssl_context)
+
+    async def _accept_from(
+        self,
+        listener: trio.SocketListener,
+        nursery: trio.Nursery,
+        ssl_context: ssl.SSLContext | None,
+    ) -> None:
+        """Accept connections on ``listener`` and serve each in a task of ``nursery``.
+
+        trio's ``SocketListener.accept`` passes through the scheduler after each
+        connection, so a server busy with a storm of reconnections took one per pass
+        while the kernel's queue overflowed. Here each pass accepts everything queued
+        (on a duplicate of the listening descriptor, with no pass in between) and
+        starts the handshakes of at most HANDSHAKES_PER_TURN of them; the others wait,
+        accepted, in arrival order."""
+        arrived: deque[socket.socket] = deque()
+        accepting = socket.socket(fileno=os.dup(listener.socket.fileno()))
+        accepting.setblocking(False)
+        try:
+            async with listener:
+                while True:
+                    out_of_room = not _accept_queued(accepting, arrived)
+                    for _ in range(min(len(arrived), HANDSHAKES_PER_TURN)):
+                        nursery.start_soon(self._serve_socket, arrived.popleft(), ssl_context)
+                    if out_of_room:
+                        await trio.sleep(ACCEPT_RETRY)
+                    elif arrived:
+                        await trio.lowlevel.checkpoint()
+                    else:
+                        await trio.lowlevel.wait_readable(accepting)
+        finally:
+            for sock in arrived:
+                sock.close()
+            accepting.close()
+
+    async def _serve_socket(self, sock: socket.socket, ssl_context: ssl.SSLContext | None) -> None:
+        try:
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        except OSError:  # reset before we looked at it
+            sock.close()
+            return
+        try:
             if ssl_context is None:
                 await self.serve_stream(stream)
             else:
                 await self.serve_stream(trio.SSLStream(stream, ssl_context, server_side=True))
-
-        await trio.serve_listeners(handler, listeners)
+        finally:
+            await trio.aclose_forcefully(stream)
 
     async def _reload_access_on_sighup(self, path: str) -> None:
         """Load the access file again on each SIGHUP; a bad file leaves the rules as they
@@ -761,8 +823,8 @@ class FileService:
         )  # fmt: skip
         if not isinstance(attached, Attached):
             raise Unauthorized(f"resume refused: {attached.reason}")
-        if not attached.resumed:
-            log.info("client %s: session %s is unknown; a new one", hello.client_id, hello.session)
+        if not attached.resumed:  # after a restart, every client's: not worth a line each
+            log.debug("client %s: session %s is unknown; a new one", hello.client_id, hello.session)
             return attached, secret
         return attached, hello.secret
 
@@ -909,12 +971,13 @@ class FileService:
                 decoder.feed(data)
             connection.received_at = received_at
             outbox.batching = True
-            handled = 0
+            handled = approvals = 0
             try:
                 while (message := decoder.next_message()) is not None:
                     frame_began = received_at  # what is left began in the last receive
                     self._dispatch(connection, message)
                     handled += 1
+                    approvals += type(message) is p.Approve
                     if connection.part is not None:
                         await self._write_part(connection)
                         received_at = trio.current_time()  # the socket was not read meanwhile
@@ -931,7 +994,8 @@ class FileService:
             finally:
                 outbox.batching = False
             sent = outbox.flush_now()  # the replies first, the bookkeeping after
-            self._deadline_may_have_moved()  # once per batch, for the reads' new leases
+            if approvals != handled:  # approvals alone move no deadline earlier
+                self._deadline_may_have_moved()  # once per batch, for the reads' new leases
             if not sent:
                 await outbox.flush()  # backpressure: read no more until the kernel takes it
             self.store.settle()  # close and cache what the batch read, now the replies are out
@@ -1343,7 +1407,8 @@ class FileService:
         effects = self.table.approve(
             connection.holder, key, OpId(message.write), trio.current_time()
         )
-        self._execute(effects)
+        if effects:  # else the next deadline can only be later: the receive loop looks
+            self._execute(effects)
 
     def _on_stats(self, connection: Connection, message: p.GetStats) -> None:
         self.counters.stats_requests += 1
@@ -1421,7 +1486,10 @@ class FileService:
         self._deadline_may_have_moved()  # even with no effects: a write may now wait
 
     def _log_delayed(self, op: OpId, path: str, effects: list[Effect]) -> None:
-        """Write ``op`` on ``path`` could not be applied on arrival: say what it waits for."""
+        """Write ``op`` on ``path`` could not be applied on arrival: say what it waits for
+        (when events are logged: the list of holders asked is a write's own fan-out)."""
+        if not EVENTS.isEnabledFor(logging.INFO):
+            return
         asked = [e.holder for e in effects if isinstance(e, SendApprovalRequest) and e.write == op]
         window = self.table.hold_writes_until - trio.current_time()
         cause = "approvals" if asked else "restart window" if window > 0 else "an earlier write"
@@ -1632,6 +1700,30 @@ class FileService:
         if live == 0 and not self._pending:
             end_incarnation_cleanly(self.store, self.policy.max_term, self.settings.skew)
         return live
+
+
+# accept()'s errors: the peer left before we took it (take the next), and the process
+# or the system is out of descriptors or memory (wait, then accept again)
+_ACCEPT_SKIPPED = frozenset({errno.ECONNABORTED, errno.EPERM, errno.EPROTO})
+_ACCEPT_OUT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
+
+def _accept_queued(listening: socket.socket, arrived: deque[socket.socket]) -> bool:
+    """Append to ``arrived`` every connection the kernel has queued on ``listening``;
+    False if accept() ran out of descriptors or memory (logged)."""
+    while True:
+        try:
+            sock, _ = listening.accept()
+        except BlockingIOError:
+            return True
+        except OSError as exc:
+            if exc.errno in _ACCEPT_SKIPPED:
+                continue
+            if exc.errno in _ACCEPT_OUT_OF:
+                log.error("accept failed: %s; accepting again in %s s", exc, ACCEPT_RETRY)
+                return False
+            raise
+        arrived.append(sock)
 
 
 def _raise_open_files_limit() -> None:

@@ -6,6 +6,7 @@ chooses exactly which frames arrive together and in what order.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 
@@ -15,7 +16,7 @@ import trio.testing
 
 import fscache
 from fscache import protocol as p
-from fscache.client.client import Client, ClientCounters
+from fscache.client.client import DEAD_AFTER, PING_AFTER, Client, ClientCounters
 
 from .harness import RawPeer
 
@@ -140,6 +141,26 @@ async def test_a_connection_closed_while_a_request_waits_fails_it_as_unavailable
     async with open_scripted() as c:
         with pytest.raises(fscache.Unavailable, match="connection lost"):
             await c.read("f")
+
+
+async def test_an_idle_client_keeps_no_timer_yet_gives_a_silent_server_up(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """While no request waits, the liveness watchdog sleeps without a deadline (ten
+    thousand idle clients in a process cost it nothing); the first request wakes it,
+    and a server that then stays silent is still given up after DEAD_AFTER."""
+
+    async def script(server: RawPeer) -> None:
+        await trio.sleep_forever()  # takes requests, answers none
+
+    client = await with_scripted_server(nursery, script)
+    async with client() as c:
+        await trio.testing.wait_all_tasks_blocked()
+        assert trio.lowlevel.current_statistics().seconds_to_next_deadline == math.inf
+        asked = trio.current_time()
+        with pytest.raises(fscache.Unavailable):
+            await c.read("f")
+        assert DEAD_AFTER <= trio.current_time() - asked <= DEAD_AFTER + PING_AFTER
 
 
 def test_a_misspelt_client_counter_is_an_error() -> None:

@@ -11,21 +11,36 @@ never how fast.
 from __future__ import annotations
 
 import math
+import socket
+from collections import deque
 
 import pytest
 import trio
 import trio.testing
 
+import fscache
 from fscache import protocol as p
 from fscache.bench.scale_conns import (
     measure_connections,
     measure_fairness,
     measure_restart_storm,
 )
-from fscache.client.client import BACKOFF_FIRST, BACKOFF_MAX, backoff_delay
+from fscache.client.client import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    CONNECT_TIMEOUT,
+    backoff_delay,
+    open_tcp,
+)
 from fscache.net import SocketWire
-from fscache.server.service import MAX_REQUESTS_PER_TURN
-from tests.harness import Cluster
+from fscache.server.service import (
+    HANDSHAKES_PER_TURN,
+    MAX_REQUESTS_PER_TURN,
+    ServerSettings,
+    _accept_queued,
+    serve,
+)
+from tests.harness import Cluster, RawPeer
 
 
 @pytest.fixture
@@ -88,6 +103,38 @@ async def test_socket_wires_of_one_run_share_one_receive_buffer():
             await wire.aclose()
 
 
+# ---------------------------------------------------------------- accepting
+def test_the_accept_loop_takes_every_queued_connection_at_once():
+    """What the kernel has queued on the listening socket is taken in one go, without
+    a pass through the scheduler between two connections."""
+    with socket.create_server(("127.0.0.1", 0), backlog=256) as listening:
+        listening.setblocking(False)
+        peers = [socket.create_connection(listening.getsockname()) for _ in range(100)]
+        arrived: deque[socket.socket] = deque()
+        try:
+            assert _accept_queued(listening, arrived)  # not out of descriptors
+            assert len(arrived) == 100
+            assert _accept_queued(listening, arrived) and len(arrived) == 100  # none left
+        finally:
+            for sock in [*arrived, *peers]:
+                sock.close()
+
+
+async def test_a_burst_of_connections_beyond_one_turn_is_served_in_full(nursery, root):
+    """Three turns' worth of connections arrive at once: each is welcomed."""
+    server = await nursery.start(serve, ServerSettings(root=str(root), port=0))
+    count = 3 * HANDSHAKES_PER_TURN
+    streams = [await trio.open_tcp_stream("127.0.0.1", server.port) for _ in range(count)]
+    peers = [RawPeer(stream) for stream in streams]
+    for i, peer in enumerate(peers):
+        await peer.send(p.Hello(version=p.PROTOCOL_VERSION, client_id=f"burst-{i}"))
+    welcomes = [await peer.receive() for peer in peers]
+    assert all(isinstance(welcome, p.Welcome) for welcome in welcomes)
+    assert server.counters.connections_total == count
+    for peer in peers:
+        await peer.close()
+
+
 # ---------------------------------------------------------------- fairness
 async def test_a_pipelining_client_leaves_the_others_a_turn(cluster):
     """A backlog of reads on one connection is handled MAX_REQUESTS_PER_TURN at a
@@ -118,6 +165,89 @@ def test_a_client_is_served_while_another_floods_the_server():
 
 
 # ---------------------------------------------------------------- reconnecting
+class _Restarts:
+    """A server the test plays by hand, one connection per attempt: ``script(n, peer)``
+    serves the n-th (0 first); the time of each attempt is kept."""
+
+    def __init__(self, nursery, script):
+        self.nursery = nursery
+        self.script = script
+        self.attempts: list[float] = []
+
+    async def open(self) -> trio.abc.Stream:
+        self.attempts.append(trio.current_time())
+        client_side, server_side = trio.testing.memory_stream_pair()
+        self.nursery.start_soon(self.script, len(self.attempts) - 1, RawPeer(server_side))
+        return client_side
+
+
+def _welcome(session: str) -> p.Welcome:
+    return p.Welcome(
+        version=p.PROTOCOL_VERSION, epoch=session, term=10.0, skew=0.1,
+        max_frame=p.DEFAULT_MAX_FRAME, session=session, secret=b"k", resumed=False,
+    )  # fmt: skip
+
+
+async def test_the_first_attempt_after_a_lost_connection_is_jittered_too(nursery, autojump_clock):
+    """Clients that lose one server together do not all try again at the same instant:
+    the first attempt waits up to BACKOFF_FIRST, like every later one its bound."""
+    lost = trio.Event()
+
+    async def script(n: int, peer: RawPeer) -> None:
+        assert isinstance(await peer.receive(), p.Hello)
+        await peer.send(_welcome(f"s{n}"))
+        if n == 0:
+            await peer.close()  # the server goes away
+            lost.set()
+        else:
+            await trio.sleep_forever()
+
+    server = _Restarts(nursery, script)
+    async with fscache.open_client(opener=server.open, clock=trio.current_time) as client:
+        await lost.wait()
+        gone = trio.current_time()
+        while client.stats["reconnects"] == 0:
+            await trio.sleep(0.01)
+        assert 0 < server.attempts[1] - gone <= BACKOFF_FIRST
+
+
+async def test_a_reconnecting_client_waits_its_turn_for_the_welcome(nursery, autojump_clock):
+    """A server busy with a storm answers a reconnect's hello after more than
+    CONNECT_TIMEOUT: the client keeps its place instead of starting over."""
+    lost = trio.Event()
+
+    async def script(n: int, peer: RawPeer) -> None:
+        assert isinstance(await peer.receive(), p.Hello)
+        if n == 1:
+            await trio.sleep(3 * CONNECT_TIMEOUT)  # the others' handshakes first
+        await peer.send(_welcome(f"s{n}"))
+        if n == 0:
+            await peer.close()
+            lost.set()
+        else:
+            await trio.sleep_forever()
+
+    server = _Restarts(nursery, script)
+    async with fscache.open_client(opener=server.open, clock=trio.current_time) as client:
+        await lost.wait()
+        while client.stats["reconnects"] == 0:
+            await trio.sleep(0.1)
+        assert len(server.attempts) == 2  # one attempt, answered late
+        assert client.epoch == "s1"
+
+
+async def test_an_address_is_connected_to_directly_and_a_name_through_resolution():
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        port = listening.getsockname()[1]
+        for host in ("127.0.0.1", "localhost"):
+            stream = await open_tcp(host, port)
+            assert stream.socket.getpeername() == ("127.0.0.1", port)
+            await stream.aclose()
+            listening.accept()[0].close()
+    with pytest.raises(OSError):  # nobody listens there any more
+        await open_tcp("127.0.0.1", port)
+
+
 def test_backoff_waits_are_fully_jittered_under_a_doubling_bound():
     for failures in range(12):
         bound = min(BACKOFF_MAX, BACKOFF_FIRST * 2**failures)
