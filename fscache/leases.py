@@ -105,7 +105,9 @@ Memory and cost (a million live leases must fit a small server):
   nothing. A swept key with live leases left is filed again at its earliest live
   dead-by. So a sweep touches only filed entries that are due -- its cost is in
   leases granted, never a scan of the live ones (:attr:`LeaseTable.purge_steps`
-  counts it).
+  counts it). Counting the live leases (:meth:`LeaseTable.live_leases`, for the
+  server's stats) is the holders' counts less the leases dead but not yet swept,
+  which are filed in the buckets due: it is no scan of the live ones either.
 * A waiting write keeps the dead-by instants it waits on in a heap: waiting out
   expired holders and finding the next deadline cost the holders that expire, and
   an approval is a dict deletion, however many holders the write asked.
@@ -392,12 +394,16 @@ class LeaseTable:
         return {h.id: exp for h, exp in self._leases_on(key) if now < exp + self.skew}
 
     def live_leases(self, now: float) -> int:
-        skew, numbered, count = self.skew, self._numbered, 0
-        for value in self._leases.values():
-            for lease in value.values() if isinstance(value, _Holders) else (value,):
-                if now < lease.real + skew and lease.imag in numbered:
-                    count += 1
-        return count
+        """How many leases are live at ``now``: those the holders have, less those dead
+        by ``now`` and not yet swept, which are filed in buckets opened by ``now``. So
+        it costs the holders and those buckets, not a pass over the live leases."""
+        held = sum(mine.leases for mine in self._holders.values())
+        due = dict.fromkeys(
+            key for bucket in self._buckets if bucket.opened <= now for key in bucket.keys
+        )  # its keys before bucket.swept: swept since, or filed again in a later bucket
+        skew = self.skew
+        dead = sum(1 for key in due for _, exp in self._leases_on(key) if not now < exp + skew)
+        return held - dead
 
     def leases_held(self, holder: HolderId) -> int:
         """How many keys ``holder`` has a lease on (expired ones until they are purged)."""

@@ -91,6 +91,22 @@ def test_the_sweep_looks_only_at_the_leases_that_expired_not_the_live_ones(live:
     assert t.next_deadline() == 15.1 + PURGE_GRANULARITY
 
 
+def test_counting_the_live_leases_looks_only_at_the_keys_due_to_be_swept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    t = table()
+    grant_all(t, [A], keys(10, "short"), now=0.0)  # dead by 10.1
+    grant_all(t, [B], keys(100_000), now=5.0)  # dead by 15.1
+    looked_at: list[str] = []
+    leases_on = t._leases_on
+    monkeypatch.setattr(t, "_leases_on", lambda key: looked_at.append(key) or leases_on(key))
+
+    assert t.live_leases(now=10.0) == 100_010
+    assert looked_at == []
+    assert t.live_leases(now=10.1) == 100_000  # dead by now, not swept yet
+    assert len(looked_at) == 10
+
+
 def test_a_tick_before_a_bucket_is_due_sweeps_what_is_dead_and_keeps_the_rest_in_order() -> None:
     t = table()
     for n in range(10):
