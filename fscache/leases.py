@@ -85,9 +85,9 @@ Memory and cost (a million live leases must fit a small server):
   number)``, where ``number`` stands for its holder: a complex is a pair of exact
   doubles in one object, where a tuple of the holder and a float takes 80 bytes.
   A key maps to its lease while it has one holder, and to a dict of its leases by
-  holder from the second on, which keeps one copy of the key's name for all of
-  them (each read brings its own copy). There is no index of a holder's keys:
-  it would take a second dict entry per lease.
+  holder from the second on, which keeps the second reader's copy of the key's
+  name for the filings of every later one (each read brings its own copy). There
+  is no index of a holder's keys: it would take a second dict entry per lease.
 * A holder has a record (its number and its count of leases) while it has a
   lease. A goodbye ends all its leases at once by retiring the record: a lease
   whose number belongs to no record is ended, for every rule, and is dropped when
@@ -318,8 +318,9 @@ class _Holder:
 
 
 class _Holders(dict[HolderId, complex]):
-    """The leases on a key that more than one holder has had, as its holders came, and
-    the one copy of the key's name their filings share (each read brings its own)."""
+    """The leases on a key that more than one holder has had, in the order they came,
+    and the copy of the key's name that the filings of its second and later holders
+    share (each read brings its own copy)."""
 
     __slots__ = ("key",)
 
