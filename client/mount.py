@@ -283,8 +283,7 @@ class _OpenFile:
 
 @dataclasses.dataclass(eq=False)
 class _Handle:
-    inode: int
-    append: bool
+    append: bool  # O_APPEND: each write goes at the end
 
 
 class FscacheOperations:
@@ -579,7 +578,7 @@ class FscacheOperations:
         if spool:
             open_file.start_spool()
         fh = self._new_handle()
-        self._handles[fh] = _Handle(inode, append=bool(flags & os.O_APPEND))
+        self._handles[fh] = _Handle(append=bool(flags & os.O_APPEND))
         leased = self._client.leased(open_file.path)
         keep = leased is not None and self._paged.get(inode) == leased.version
         if not keep:
@@ -631,7 +630,7 @@ class FscacheOperations:
     async def write(self, inode: int, fh: int, off: int, buf: bytes) -> int:
         with _errno_replies():
             handle = self._handles[fh]
-            open_file = self._open[handle.inode]
+            open_file = self._open[inode]
             if open_file.spool is not None:
                 fd = open_file.spool.fileno()
                 if handle.append:
@@ -648,14 +647,14 @@ class FscacheOperations:
 
     async def flush(self, inode: int, fh: int) -> None:
         with _errno_replies():
-            await self._write_back(self._open[self._handles[fh].inode])
+            await self._write_back(self._open[inode])
 
     async def fsync(self, inode: int, fh: int, datasync: bool) -> None:
         await self.flush(inode, fh)
 
     async def release(self, inode: int, fh: int) -> None:
-        handle = self._handles.pop(fh)
-        open_file = self._open[handle.inode]
+        del self._handles[fh]
+        open_file = self._open[inode]
         open_file.handles -= 1
         try:
             await self._write_back(open_file)
@@ -666,7 +665,7 @@ class FscacheOperations:
         finally:
             if open_file.handles == 0:
                 open_file.drop_spool()
-                del self._open[handle.inode]
+                del self._open[inode]
 
     async def unlink(self, parent_inode: int, name: bytes) -> None:
         with _errno_replies():
