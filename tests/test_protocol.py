@@ -31,6 +31,8 @@ from fscache.protocol import (
     CLIENT_MESSAGES,
     DEFAULT_MAX_FRAME,
     SERVER_MESSAGES,
+    ApprovalRequest,
+    Approve,
     Data,
     Done,
     Error,
@@ -555,6 +557,15 @@ UNUSUAL_PAYLOADS: dict[str, bytes] = {
     "version below 2**32": data_with(version=2**32 - 1),
     "negative version": data_with(version=-1),
     "version as a bignum": data_with(version=2**64),
+    "approve: write first": cbor({"t": "approve", "write": 1, "path": "a"}),
+    "approve: negative write": b"\xa3" + cbor("t") + cbor("approve") + cbor("path") + cbor("a")
+                               + cbor("write") + b"\x20",
+    "approve: bool for write": b"\xa3" + cbor("t") + cbor("approve") + cbor("path") + cbor("a")
+                               + cbor("write") + b"\xf5",
+    "approval request: path not UTF-8": b"\xa3" + cbor("t") + cbor("approval_request")
+                                        + cbor("path") + b"\x61\xff" + cbor("write") + cbor(1),
+    "approval request: write past the end": b"\xa3" + cbor("t") + cbor("approval_request")
+                                            + cbor("path") + cbor("a") + cbor("write") + b"\x1a",
     **BAD_PAYLOADS,
 }  # fmt: skip
 
@@ -608,7 +619,7 @@ def test_what_cbor2_cannot_write_is_refused_as_cbor2_refuses_it() -> None:
     assert type(by_hand.value) is type(reference.value)
 
 
-HAND_WRITTEN = [Read, Data, NotModified, Written]
+HAND_WRITTEN = [Read, Data, NotModified, Written, ApprovalRequest, Approve]
 IN_HAND_DOMAIN = {  # values the hand-written writers and readers handle themselves
     int: st.integers(0, 2**64 - 1),
     float: st.floats(allow_nan=False, allow_infinity=False),
@@ -626,8 +637,9 @@ def in_hand_domain(name: str, annotation: Any) -> st.SearchStrategy[Any]:
     return IN_HAND_DOMAIN[annotation]
 
 
-def test_the_read_path_has_hand_written_readers() -> None:
-    assert {_prefix(cls) for cls in (Read, Data, NotModified)} <= _PULL.keys()
+def test_the_read_path_and_the_fan_out_have_hand_written_readers() -> None:
+    hot = (Read, Data, NotModified, ApprovalRequest, Approve)
+    assert {_prefix(cls) for cls in hot} <= _PULL.keys()
 
 
 @pytest.mark.parametrize("cls", HAND_WRITTEN, ids=lambda cls: cls.TYPE)
