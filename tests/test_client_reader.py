@@ -16,7 +16,7 @@ import trio.testing
 
 import fscache
 from fscache import protocol as p
-from fscache.client.client import DEAD_AFTER, PING_AFTER, Client, ClientCounters
+from fscache.client.client import DEAD_AFTER, PING_AFTER, Client, ClientCounters, _ReadTurn
 
 from .harness import RawPeer
 
@@ -32,22 +32,47 @@ WELCOME = p.Welcome(
 )
 
 
-async def with_scripted_server(
-    nursery: trio.Nursery, script: Callable[[RawPeer], Awaitable[None]]
-) -> Callable[[], AbstractAsyncContextManager[Client]]:
-    """A client whose server is ``script`` (it starts after the handshake)."""
-    client_side, server_side = trio.testing.memory_stream_pair()
-    server = RawPeer(server_side)
+Script = Callable[[RawPeer], Awaitable[None]]
+OpenScripted = Callable[[], AbstractAsyncContextManager[Client]]
+ScriptedServer = Callable[[Script], Awaitable[OpenScripted]]
 
-    async def play() -> None:
+
+async def with_scripted_server(
+    nursery: trio.Nursery, script: Script, transport: str = "memory"
+) -> OpenScripted:
+    """Start a server played by ``script`` (from after the handshake); return how to
+    open a client of it. Over a memory stream the client's reader task reads every
+    frame; over plain TCP a request's sender reads for its own reply when no other
+    request does (``_ReadTurn``)."""
+
+    async def play(stream: trio.abc.Stream) -> None:
+        server = RawPeer(stream)
         assert isinstance(await server.receive(), p.Hello)
         await server.send(WELCOME)
         await script(server)
 
-    nursery.start_soon(play)
+    opener: Callable[[], Awaitable[trio.abc.Stream]]
+    if transport == "memory":
+        client_side, server_side = trio.testing.memory_stream_pair()
+        nursery.start_soon(play, server_side)
 
-    async def opener() -> trio.abc.Stream:
-        return client_side
+        async def opener() -> trio.abc.Stream:
+            return client_side
+
+    else:
+        (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listener.socket.getsockname()[1]
+
+        async def accept_one() -> None:
+            async with listener:
+                stream = await listener.accept()
+            async with stream:
+                await play(stream)
+
+        nursery.start_soon(accept_one)
+
+        async def opener() -> trio.abc.Stream:
+            return await trio.open_tcp_stream("127.0.0.1", port)
 
     def client() -> AbstractAsyncContextManager[Client]:
         return fscache.open_client(opener=opener, client_id="c", clock=trio.current_time)
@@ -55,7 +80,19 @@ async def with_scripted_server(
     return client
 
 
-async def test_replies_out_of_order_reach_their_own_requests(nursery: trio.Nursery) -> None:
+@pytest.fixture(params=["memory", "tcp"])
+def scripted_server(request: pytest.FixtureRequest, nursery: trio.Nursery) -> ScriptedServer:
+    """:func:`with_scripted_server` over each transport: every test here holds for both."""
+
+    async def start(script: Script) -> OpenScripted:
+        return await with_scripted_server(nursery, script, request.param)
+
+    return start
+
+
+async def test_replies_out_of_order_reach_their_own_requests(
+    scripted_server: ScriptedServer,
+) -> None:
     async def script(server: RawPeer) -> None:
         first, second = await server.receive(), await server.receive()
         assert isinstance(first, p.Read) and isinstance(second, p.Read)
@@ -65,7 +102,7 @@ async def test_replies_out_of_order_reach_their_own_requests(nursery: trio.Nurse
         }
         await server.send_bytes(replies[second.id] + replies[first.id])  # one chunk, reversed
 
-    client = await with_scripted_server(nursery, script)
+    client = await scripted_server(script)
     async with client() as c:
         results: dict[str, bytes] = {}
 
@@ -80,7 +117,7 @@ async def test_replies_out_of_order_reach_their_own_requests(nursery: trio.Nurse
 
 
 async def test_a_reply_then_an_approval_request_in_one_chunk_are_applied_in_order(
-    nursery: trio.Nursery,
+    scripted_server: ScriptedServer,
 ) -> None:
     """The data is cached, then dropped, and only then approved."""
     client: Client | None = None
@@ -98,7 +135,7 @@ async def test_a_reply_then_an_approval_request_in_one_chunk_are_applied_in_orde
         assert client is not None and "f" not in client.cache  # dropped before approving
         approved.set()
 
-    open_scripted = await with_scripted_server(nursery, script)
+    open_scripted = await scripted_server(script)
     async with open_scripted() as c:
         client = c
         assert await c.read("f") == b"old"  # the reader applied both frames at once
@@ -108,7 +145,7 @@ async def test_a_reply_then_an_approval_request_in_one_chunk_are_applied_in_orde
 
 
 async def test_an_approval_request_while_no_request_waits_is_answered(
-    nursery: trio.Nursery,
+    scripted_server: ScriptedServer,
 ) -> None:
     cached = trio.Event()
     approved = trio.Event()
@@ -122,7 +159,7 @@ async def test_an_approval_request_while_no_request_waits_is_answered(
         assert await server.receive() == p.Approve(path="f", write=2)
         approved.set()
 
-    open_scripted = await with_scripted_server(nursery, script)
+    open_scripted = await scripted_server(script)
     async with open_scripted() as c:
         assert await c.read("f") == b"old"
         cached.set()
@@ -131,20 +168,20 @@ async def test_an_approval_request_while_no_request_waits_is_answered(
 
 
 async def test_a_connection_closed_while_a_request_waits_fails_it_as_unavailable(
-    nursery: trio.Nursery,
+    scripted_server: ScriptedServer,
 ) -> None:
     async def script(server: RawPeer) -> None:
         assert isinstance(await server.receive(), p.Read)
         await server.close()
 
-    open_scripted = await with_scripted_server(nursery, script)
+    open_scripted = await scripted_server(script)
     async with open_scripted() as c:
         with pytest.raises(fscache.Unavailable, match="connection lost"):
             await c.read("f")
 
 
 async def test_an_idle_client_keeps_no_timer_yet_gives_a_silent_server_up(
-    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    scripted_server: ScriptedServer, autojump_clock: trio.testing.MockClock
 ) -> None:
     """While no request waits, the liveness watchdog sleeps without a deadline (ten
     thousand idle clients in a process cost it nothing); the first request wakes it,
@@ -153,7 +190,7 @@ async def test_an_idle_client_keeps_no_timer_yet_gives_a_silent_server_up(
     async def script(server: RawPeer) -> None:
         await trio.sleep_forever()  # takes requests, answers none
 
-    client = await with_scripted_server(nursery, script)
+    client = await scripted_server(script)
     async with client() as c:
         await trio.testing.wait_all_tasks_blocked()
         assert trio.lowlevel.current_statistics().seconds_to_next_deadline == math.inf
@@ -161,6 +198,97 @@ async def test_an_idle_client_keeps_no_timer_yet_gives_a_silent_server_up(
         with pytest.raises(fscache.Unavailable):
             await c.read("f")
         assert DEAD_AFTER <= trio.current_time() - asked <= DEAD_AFTER + PING_AFTER
+
+
+async def test_a_garbled_reply_ends_the_connection_and_fails_the_request(
+    scripted_server: ScriptedServer,
+) -> None:
+    async def script(server: RawPeer) -> None:
+        assert isinstance(await server.receive(), p.Read)
+        await server.send_bytes(b"\x00\x00\x00\x01\xff")  # a frame that is not CBOR
+        await trio.sleep_forever()
+
+    open_scripted = await scripted_server(script)
+    async with open_scripted() as c:
+        with pytest.raises(fscache.Unavailable, match="connection lost"):
+            await c.read("f")
+
+
+# ---------------------------------------------------------------- the read turn (plain TCP)
+ON_TCP = pytest.mark.parametrize("scripted_server", ["tcp"], indirect=True)
+
+
+@ON_TCP
+async def test_the_sender_of_a_request_reads_its_reply_then_the_reader_task_reads_again(
+    scripted_server: ScriptedServer,
+) -> None:
+    """The idle connection's reader task waits for data; a read interrupts that wait and
+    reads its own reply; then the reader task reads again, and answers an approval
+    request that comes while no request waits."""
+    turns: list[_ReadTurn] = []
+    read_returned, approved = trio.Event(), trio.Event()
+
+    async def script(server: RawPeer) -> None:
+        read = await server.receive()
+        assert isinstance(read, p.Read)
+        assert turns[0].claimed  # the read's sender holds the turn while it waits
+        await server.send(p.Data(id=read.id, version=1, term=10.0, data=b"x"))
+        await read_returned.wait()  # so the approval request finds no request reading
+        await server.send(p.ApprovalRequest(path="f", write=3))
+        assert await server.receive() == p.Approve(path="f", write=3)
+        approved.set()
+
+    open_scripted = await scripted_server(script)
+    async with open_scripted() as c:
+        await trio.testing.wait_all_tasks_blocked()
+        turn = c._link.turn if c._link is not None else None
+        assert turn is not None and turn._reader_wait is not None  # the reader task waits
+        turns.append(turn)
+        assert await c.read("f") == b"x"
+        assert not turn.claimed
+        read_returned.set()
+        await approved.wait()  # read and answered by the reader task
+        assert "f" not in c.cache and c.stats["approvals"] == 1
+
+
+@ON_TCP
+async def test_a_request_cancelled_while_it_reads_still_sends_the_approval_it_met(
+    scripted_server: ScriptedServer,
+) -> None:
+    """An approval request that a request's sender reads is answered in full though the
+    request is cancelled meanwhile; the turn goes back, and the connection goes on."""
+    approved = trio.Event()
+
+    async def script(server: RawPeer) -> None:
+        first = await server.receive()
+        assert isinstance(first, p.Read)
+        await server.send(p.ApprovalRequest(path="g", write=7))
+        assert await server.receive() == p.Approve(path="g", write=7)
+        approved.set()
+        await server.send(p.Data(id=first.id, version=1, term=10.0, data=b"late"))  # unwanted
+        second = await server.receive()
+        assert isinstance(second, p.Read) and second.path == "f"
+        await server.send(p.Data(id=second.id, version=2, term=10.0, data=b"now"))
+
+    open_scripted = await scripted_server(script)
+    async with open_scripted() as c:
+        await trio.testing.wait_all_tasks_blocked()
+        link = c._link
+        assert link is not None and link.turn is not None
+        with trio.CancelScope() as scope:
+
+            async def cancel_the_read(path: str) -> None:
+                assert link.turn is not None and link.turn.claimed  # the read's sender reads
+                scope.cancel()
+                await trio.lowlevel.checkpoint()  # the approval is shielded: it goes on
+
+            c.before_approval.append(cancel_the_read)
+            await c.read("f")
+        assert scope.cancelled_caught
+        await approved.wait()
+        c.before_approval.clear()
+        assert await c.read("f") == b"now"
+        assert c.stats["approvals"] == 1
 
 
 def test_a_misspelt_client_counter_is_an_error() -> None:
