@@ -55,6 +55,7 @@ import fscache
 from fscache.bench.harness import ServerProcess, process_cpu_seconds, rss_bytes, spawn
 from fscache.bench.procs import WorkerPool
 from fscache.cli import parse_serving_line
+from fscache.client.client import PING_AFTER
 
 PER_SESSION = 50_000  # leases one session takes; the server's default limit is 65,536
 FILES_PER_DIR = 1_000
@@ -67,6 +68,11 @@ READS_PER_WORKER = 128  # reads a worker's clients have in flight together: a re
 FANOUT_TARGET = 0  # the file every fan-out holder reads: file_name(0)
 TERM = 3600.0  # no lease expires while it is measured
 FANOUT_TERM = 60.0  # a holder that cannot approve (its link lost) delays a write this long
+# Seconds between the holders' reads and the write: long enough for their clients to be
+# idle, as holders of a lease mostly are (each read arms the client's liveness timer,
+# which runs out PING_AFTER / 2 later and is then kept no more), so that the write's
+# time is the fan-out's, not the expiry of ten thousand timers the reads left.
+FANOUT_SETTLE = PING_AFTER
 TRACE_LINES = 30  # source lines a memory report names, the largest first
 TRACE_TIMEOUT = 600.0  # seconds a traced server may take to write its report
 
@@ -363,6 +369,7 @@ def measure_fanout(
                     for rep in range(repetitions):
                         if rep:
                             holding.read_all()
+                        time.sleep(FANOUT_SETTLE)
                         before = server.cpu_seconds(), _cpu_of(pids)
                         times.append(trio.run(_timed_write, server.port))
                         server_cpu.append(server.cpu_seconds() - before[0])
