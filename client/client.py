@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import logging
 import random
@@ -117,6 +118,7 @@ IN_FLIGHT = 4  # chunk reads or upload parts a transfer keeps in flight (memory:
 READ_ATTEMPTS = 8  # a big file read whole that changes this often between chunks: give up
 
 Source = IO[bytes] | bytes | bytearray | memoryview
+Received = bytes | bytearray | memoryview  # what a wire's read gives
 Fencing = locks.Lock | p.Fence | None  # what fence= takes: a lock, or (name, token)
 
 
@@ -282,39 +284,49 @@ class _ReadTurn:
     The plain design -- one reader task applies every frame and wakes the request each
     reply answers -- costs every round trip two more passes through trio's scheduler:
     one to wake the request's task, one for the reader to wait again. On the client
-    they are about a sixth of a miss. So the sender of a request takes the turn when no
-    other request holds it (:meth:`claim`): it reads and applies every frame that comes,
-    in order and just as the reader task would (:meth:`Client._apply_frames`), until its
-    own reply is in, and gives the turn back (:meth:`release`). A request that finds
-    another reading waits for its reply to be handed over, as in the plain design.
+    they are about a sixth of a miss. So the sender of a request takes the turn when
+    the reader task is not in the middle of applying frames and no other request holds
+    it (:meth:`claim`): it reads and applies every frame that comes, in order and just
+    as the reader task would (:meth:`Client._apply_frames`), until its own reply is in,
+    and gives the turn back (:meth:`release`). A request that cannot claim the turn
+    waits for its reply to be handed over, as in the plain design.
 
-    The reader task reads whenever no request holds the turn, so that an idle connection
-    still hears the server's approval requests. Exactly one task reads at a time: the
-    reader task waits for readability in a cancel scope that :meth:`claim` cancels (the
-    wait is aborted at once, so the claimant may wait on the socket itself), and after
-    its wait it reads only if no request took the turn meanwhile. An error the claimant
-    meets comes back with the turn, and the reader task raises it: the connection ends
-    in one place, the reader task, whoever was reading. TLS and in-memory streams keep
-    the plain design (``_Link.turn`` is None)."""
+    The reader task (:meth:`run_reader`) reads whenever no request holds the turn, so
+    that an idle connection still hears the server's approval requests. Exactly one
+    task reads at a time, and frames are applied in arrival order:
 
-    __slots__ = ("_failed", "_reader_wait", "_released", "claimed", "wire")
+    - the reader task reads inside a cancel scope, one per spell of reading (not one
+      per wait: a cancel scope costs a tenth of the reader's time per frame), which
+      :meth:`claim` cancels only while the reader waits for data (the wait ends at
+      once, so the claimant may wait on the socket itself);
+    - after a wait the reader reads only if no request took the turn meanwhile (a wait
+      that had ended before the claim);
+    - while the reader applies frames (an approval request may wait on a hook) no
+      request can claim the turn, so no later frame overtakes them.
+
+    An error the claimant meets comes back with the turn, and the reader task raises
+    it: the connection ends in one place, whoever was reading. TLS and in-memory
+    streams keep the plain design (``_Link.turn`` is None)."""
+
+    __slots__ = ("_delivering", "_failed", "_released", "_spell", "claimed", "wire")
 
     def __init__(self, wire: SocketWire) -> None:
         self.wire = wire
         self.claimed = False  # a request's sender reads now
-        self._reader_wait: trio.CancelScope | None = None  # the reader task's wait for data
+        self._delivering = False  # the reader task applies frames
+        self._spell: trio.CancelScope | None = None  # set while the reader waits for data
         self._released: trio.Event | None = None  # the reader task's wait for the turn
         self._failed: Exception | None = None  # met by a claimant, for the reader to raise
 
     def claim(self) -> bool:
         """Take the turn for a request about to wait for its reply; False if another
-        request holds it."""
-        if self.claimed:
+        request holds it or the reader task is applying frames."""
+        if self.claimed or self._delivering:
             return False
         self.claimed = True
-        if self._reader_wait is not None:
-            self._reader_wait.cancel()
-            self._reader_wait = None
+        if self._spell is not None:
+            self._spell.cancel()
+            self._spell = None
         return True
 
     def release(self, failed: Exception | None = None) -> None:
@@ -325,23 +337,39 @@ class _ReadTurn:
             self._released.set()
             self._released = None
 
-    async def reader_receive(self) -> memoryview:
-        """The reader task's read: the next bytes that come while no request holds the
-        turn (empty at EOF); raises what a claimant met."""
+    async def run_reader(self, deliver: Callable[[Received], Awaitable[None]]) -> None:
+        """The reader task's loop: hand ``deliver`` what comes while no request holds the
+        turn (first, empty bytes: frames may have come with the welcome); return at EOF,
+        raise what a claimant met."""
+        await self._deliver(deliver, b"")
         while True:
             while self.claimed:
                 self._released = released = trio.Event()
                 await released.wait()
             if self._failed is not None:
                 raise self._failed
-            with trio.CancelScope() as wait:
-                self._reader_wait = wait
-                await trio.lowlevel.wait_readable(self.wire.fd)
-            self._reader_wait = None
-            if not self.claimed:  # (a wait that ended before the claim: the claimant reads)
-                data = self.wire.read_now()
-                if data is not None:
-                    return data
+            with trio.CancelScope() as spell:  # a spell of reading, until a claim
+                while True:
+                    self._spell = spell
+                    await trio.lowlevel.wait_readable(self.wire.fd)
+                    self._spell = None
+                    if self.claimed:  # (a wait that ended before the claim: leave now)
+                        break
+                    data = self.wire.read_now()
+                    if data is None:
+                        continue
+                    if not data:
+                        return
+                    await self._deliver(deliver, data)
+
+    async def _deliver(
+        self, deliver: Callable[[Received], Awaitable[None]], data: Received
+    ) -> None:
+        self._delivering = True
+        try:
+            await deliver(data)
+        finally:
+            self._delivering = False
 
 
 class Client:
@@ -1189,15 +1217,20 @@ class Client:
         """The connection's reader task: apply every frame in arrival order, reading
         whenever no request's sender reads for its own reply (:class:`_ReadTurn`).
         Returns when the server closes."""
-        turn = link.turn
         with link.errors:
-            while True:
-                await self._apply_frames(link)  # first, the frames that came with the welcome
-                data = await (link.wire.receive() if turn is None else turn.reader_receive())
-                if not data:
-                    return
-                link.last_heard = self._clock()
-                link.decoder.feed(data)
+            if link.turn is not None:
+                await link.turn.run_reader(functools.partial(self._deliver, link))
+                return
+            await self._apply_frames(link)  # first, the frames that came with the welcome
+            while data := await link.wire.receive():
+                await self._deliver(link, data)
+
+    async def _deliver(self, link: _Link, data: Received) -> None:
+        """Apply what the reader task read."""
+        if data:
+            link.last_heard = self._clock()
+            link.decoder.feed(data)
+        await self._apply_frames(link)
 
     async def _read_for(self, link: _Link, turn: _ReadTurn, request: _Request) -> None:
         """Holding the turn, read and apply the connection's frames until ``request``'s

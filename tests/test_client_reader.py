@@ -242,7 +242,7 @@ async def test_the_sender_of_a_request_reads_its_reply_then_the_reader_task_read
     async with open_scripted() as c:
         await trio.testing.wait_all_tasks_blocked()
         turn = c._link.turn if c._link is not None else None
-        assert turn is not None and turn._reader_wait is not None  # the reader task waits
+        assert turn is not None and turn._spell is not None  # the reader task waits for data
         turns.append(turn)
         assert await c.read("f") == b"x"
         assert not turn.claimed
@@ -289,6 +289,42 @@ async def test_a_request_cancelled_while_it_reads_still_sends_the_approval_it_me
         c.before_approval.clear()
         assert await c.read("f") == b"now"
         assert c.stats["approvals"] == 1
+
+
+@ON_TCP
+async def test_no_request_takes_the_turn_while_the_reader_task_applies_frames(
+    scripted_server: ScriptedServer,
+) -> None:
+    """A read sent while the reader task waits on an approval's hook does not read for
+    itself (it would apply later frames before the approval is answered): the reader
+    task finishes the approval, then reads the reply and hands it over."""
+    read_sent = trio.Event()
+
+    async def script(server: RawPeer) -> None:
+        await server.send(p.ApprovalRequest(path="g", write=5))
+        read = await server.receive()  # sent while the approval's hook runs
+        assert isinstance(read, p.Read) and read.path == "f"
+        assert await server.receive() == p.Approve(path="g", write=5)
+        await server.send(p.Data(id=read.id, version=1, term=10.0, data=b"f"))
+
+    open_scripted = await scripted_server(script)
+    async with open_scripted() as c, trio.open_nursery() as nursery:
+        claimed_during_hook: list[bool] = []
+
+        async def read_f() -> None:
+            assert await c.read("f") == b"f"
+
+        async def hook(path: str) -> None:
+            nursery.start_soon(read_f)
+            await trio.testing.wait_all_tasks_blocked()  # the read is sent and waits
+            link = c._link
+            assert link is not None and link.turn is not None
+            claimed_during_hook.append(link.turn.claimed)
+            read_sent.set()
+
+        c.before_approval.append(hook)
+        await read_sent.wait()
+        assert claimed_during_hook == [False]
 
 
 def test_a_misspelt_client_counter_is_an_error() -> None:
