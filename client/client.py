@@ -320,8 +320,9 @@ class _ReadTurn:
 
     def claim(self) -> bool:
         """Take the turn for a request about to wait for its reply; False if another
-        request holds it or the reader task is applying frames."""
-        if self.claimed or self._delivering:
+        request holds it, the reader task is applying frames, or a claimant met an
+        error (the connection is ending)."""
+        if self.claimed or self._delivering or self._failed is not None:
             return False
         self.claimed = True
         if self._spell is not None:
@@ -332,7 +333,8 @@ class _ReadTurn:
     def release(self, failed: Exception | None = None) -> None:
         """The claimant has its reply, or stopped reading (``failed``: the error it met)."""
         self.claimed = False
-        self._failed = failed
+        if failed is not None:
+            self._failed = failed
         if self._released is not None:
             self._released.set()
             self._released = None
@@ -1219,13 +1221,13 @@ class Client:
         Returns when the server closes."""
         with link.errors:
             if link.turn is not None:
-                await link.turn.run_reader(functools.partial(self._deliver, link))
+                await link.turn.run_reader(functools.partial(self._apply_received, link))
                 return
             await self._apply_frames(link)  # first, the frames that came with the welcome
             while data := await link.wire.receive():
-                await self._deliver(link, data)
+                await self._apply_received(link, data)
 
-    async def _deliver(self, link: _Link, data: Received) -> None:
+    async def _apply_received(self, link: _Link, data: Received) -> None:
         """Apply what the reader task read."""
         if data:
             link.last_heard = self._clock()
