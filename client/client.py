@@ -313,7 +313,9 @@ class _ReadTurn:
     def __init__(self, wire: SocketWire) -> None:
         self.wire = wire
         self.claimed = False  # a request's sender reads now
-        self._delivering = False  # the reader task applies frames
+        # The reader task applies frames (first, what came with the welcome: until it
+        # has, no request may read, or it could apply later frames before those).
+        self._delivering = True
         self._spell: trio.CancelScope | None = None  # set while the reader waits for data
         self._released: trio.Event | None = None  # the reader task's wait for the turn
         self._failed: Exception | None = None  # met by a claimant, for the reader to raise
