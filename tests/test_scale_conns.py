@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import socket
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
@@ -188,13 +189,16 @@ def _welcome(session: str) -> p.Welcome:
     )  # fmt: skip
 
 
-async def test_the_first_attempt_after_a_lost_connection_is_jittered_too(nursery, autojump_clock):
-    """Clients that lose one server together do not all try again at the same instant:
-    the first attempt waits up to BACKOFF_FIRST, like every later one its bound."""
-    lost = trio.Event()
+def _gone_after_the_first_welcome(
+    lost: trio.Event, second_welcome_after: float = 0.0
+) -> Callable[[int, RawPeer], Awaitable[None]]:
+    """A server script: welcome the first connection, then close it (``lost`` is set);
+    welcome the next after ``second_welcome_after`` seconds and keep it open."""
 
     async def script(n: int, peer: RawPeer) -> None:
         assert isinstance(await peer.receive(), p.Hello)
+        if n == 1:
+            await trio.sleep(second_welcome_after)
         await peer.send(_welcome(f"s{n}"))
         if n == 0:
             await peer.close()  # the server goes away
@@ -202,7 +206,14 @@ async def test_the_first_attempt_after_a_lost_connection_is_jittered_too(nursery
         else:
             await trio.sleep_forever()
 
-    server = _Restarts(nursery, script)
+    return script
+
+
+async def test_the_first_attempt_after_a_lost_connection_is_jittered_too(nursery, autojump_clock):
+    """Clients that lose one server together do not all try again at the same instant:
+    the first attempt waits up to BACKOFF_FIRST, like every later one its bound."""
+    lost = trio.Event()
+    server = _Restarts(nursery, _gone_after_the_first_welcome(lost))
     async with fscache.open_client(opener=server.open, clock=trio.current_time) as client:
         await lost.wait()
         gone = trio.current_time()
@@ -215,19 +226,8 @@ async def test_a_reconnecting_client_waits_its_turn_for_the_welcome(nursery, aut
     """A server busy with a storm answers a reconnect's hello after more than
     CONNECT_TIMEOUT: the client keeps its place instead of starting over."""
     lost = trio.Event()
-
-    async def script(n: int, peer: RawPeer) -> None:
-        assert isinstance(await peer.receive(), p.Hello)
-        if n == 1:
-            await trio.sleep(3 * CONNECT_TIMEOUT)  # the others' handshakes first
-        await peer.send(_welcome(f"s{n}"))
-        if n == 0:
-            await peer.close()
-            lost.set()
-        else:
-            await trio.sleep_forever()
-
-    server = _Restarts(nursery, script)
+    # the second welcome comes late: the others' handshakes first
+    server = _Restarts(nursery, _gone_after_the_first_welcome(lost, 3 * CONNECT_TIMEOUT))
     async with fscache.open_client(opener=server.open, clock=trio.current_time) as client:
         await lost.wait()
         while client.stats["reconnects"] == 0:
