@@ -6,7 +6,9 @@ chooses exactly which frames arrive together and in what order.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import socket
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 
@@ -16,7 +18,16 @@ import trio.testing
 
 import fscache
 from fscache import protocol as p
-from fscache.client.client import DEAD_AFTER, PING_AFTER, Client, ClientCounters, _ReadTurn
+from fscache.client.client import (
+    DEAD_AFTER,
+    PING_AFTER,
+    Client,
+    ClientCounters,
+    _Link,
+    _ReadTurn,
+    _TransportErrors,
+)
+from fscache.net import SocketWire
 
 from .harness import RawPeer
 
@@ -325,6 +336,40 @@ async def test_no_request_takes_the_turn_while_the_reader_task_applies_frames(
         c.before_approval.append(hook)
         await read_sent.wait()
         assert claimed_during_hook == [False]
+
+
+async def test_frames_the_kernel_takes_in_part_leave_whole_and_in_order() -> None:
+    """A send the kernel takes only in part goes on waiting for room, and a later sender
+    waits for it even when room has come: on the wire the frames are whole, in order."""
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    theirs.setblocking(False)
+    wire = SocketWire(trio.SocketStream(trio.socket.from_stdlib_socket(ours)))
+    client = Client(opener=trio.open_tcp_stream)  # never connects: it names the errors
+    link = _Link(wire, p.FrameDecoder(), WELCOME, trio.CancelScope(), _TransportErrors(client, "x"))
+    first, second = b"a" * 300_000, b"b" * 300_000
+    received = bytearray()
+
+    def drain() -> None:
+        with contextlib.suppress(BlockingIOError):
+            while chunk := theirs.recv(1 << 20):
+                received.extend(chunk)
+
+    async def receive_the_rest() -> None:
+        while len(received) < len(first) + len(second):
+            await trio.lowlevel.wait_readable(theirs)
+            drain()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.send_frame, first)
+        await trio.testing.wait_all_tasks_blocked()
+        assert link._sending  # the kernel took part of the first: it waits for room
+        drain()  # room now, before the first sender has run again
+        nursery.start_soon(receive_the_rest)
+        await link.send_frame(second)
+    assert bytes(received) == first + second
+    await wire.aclose()
+    theirs.close()
 
 
 def test_a_misspelt_client_counter_is_an_error() -> None:
