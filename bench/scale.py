@@ -102,8 +102,8 @@ _COLUMNS = {  # each measurement's fields, in the order shown
         "files", "holders", "leases", "server_rss_bytes", "baseline_rss_bytes", "bytes_per_lease",
     ],
     "fanout": [
-        "holders", "repetitions", "apply_p50_s", "apply_max_s", "server_cpu_p50_s",
-        "holders_cpu_p50_s",
+        "holders", "holders_nice", "repetitions", "apply_p50_s", "apply_max_s",
+        "server_cpu_p50_s", "holders_cpu_p50_s",
     ],
     "restart_storm": [
         "clients", "all_back_s", "median_back_s", "refused", "listen_overflows", "stale_reads",
