@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fscache.bench import scale
+from fscache.bench import scale, scale_leases
 
 
 def test_the_quick_run_prints_the_table_and_writes_json_and_the_plot(tmp_path: Path) -> None:
@@ -34,9 +34,23 @@ def test_the_quick_run_prints_the_table_and_writes_json_and_the_plot(tmp_path: P
     assert [(r["files"], r["holders"]) for r in leases] == [(2_000, 2), (5_000, 1)]
     assert all(r["leases"] == r["files"] * r["holders"] for r in leases)
     assert [r["holders"] for r in results["fanout"]] == [10, 50]
+    assert {r["holders_nice"] for r in results["fanout"]} == {scale_leases.FANOUT_HOLDERS_NICE}
     for name in ("connections", "restart_storm", "fairness"):  # rows, or why there are none
         value = results[name]
         assert value, name
         if isinstance(value, dict) and "not_measured" in value:
             assert "scale_conns" in value["not_measured"]
             assert value["not_measured"] in run.stdout
+
+
+def test_the_fanout_command_runs_its_holders_at_the_nice_value_asked(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [
+            sys.executable, "-m", "fscache.bench.scale_leases", "fanout", "--holders", "4",
+            "--repetitions", "1", "--processes", "1", "--holders-nice", "3",
+        ],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    (row,) = [json.loads(line) for line in run.stdout.splitlines()]
+    assert row["holders"] == 4 and row["holders_nice"] == 3 and row["repetitions"] == 1
