@@ -21,7 +21,9 @@ each running many :func:`fscache.open_client` clients under one trio loop).
   write is applied. ``apply_s`` is the writer's time from the write's request to
   its reply, over a few repetitions (the holders read the file again between them);
   ``server_cpu`` and ``holders_cpu`` the CPU time the server and the holders'
-  processes used meanwhile.
+  processes used meanwhile. The holders' processes run at ``FANOUT_HOLDERS_NICE``
+  (``--holders-nice``), so that they take only the CPU the server leaves, as clients
+  on machines of their own would.
 
 ``python -m fscache.bench.scale_leases leases|fanout`` runs one of them alone (see
 ``--help``); ``leases --trace DIR`` also writes, for each shape, where the server's
