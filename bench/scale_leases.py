@@ -455,8 +455,9 @@ def _main(argv: Sequence[str]) -> int:
     )  # fmt: skip
     fanout.add_argument("--repetitions", type=int, default=5)
     fanout.add_argument(
-        "--holders-nice", type=int, default=FANOUT_HOLDERS_NICE, metavar="N",
-        help=f"the holders' processes' nice value (default {FANOUT_HOLDERS_NICE}; 0: the server's)",
+        "--holders-nice", type=int, choices=range(20), default=FANOUT_HOLDERS_NICE, metavar="N",
+        help=f"the holders' processes' nice value, 0-19 (default {FANOUT_HOLDERS_NICE}; 0: the"
+        " server's)",
     )  # fmt: skip
     for command in (leases, fanout):
         command.add_argument("--processes", type=int, default=4, help="client processes")

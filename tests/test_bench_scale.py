@@ -54,3 +54,12 @@ def test_the_fanout_command_runs_its_holders_at_the_nice_value_asked(tmp_path: P
     assert run.returncode == 0, run.stderr[-2000:]
     (row,) = [json.loads(line) for line in run.stdout.splitlines()]
     assert row["holders"] == 4 and row["holders_nice"] == 3 and row["repetitions"] == 1
+
+
+def test_the_fanout_command_refuses_a_nice_value_it_cannot_set() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "fscache.bench.scale_leases", "fanout", "--holders-nice", "-3"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "--holders-nice" in run.stderr and "invalid choice" in run.stderr
