@@ -106,8 +106,8 @@ _COLUMNS = {  # each measurement's fields, in the order shown
         "server_cpu_p50_s", "holders_cpu_p50_s",
     ],
     "restart_storm": [
-        "clients", "all_back_s", "median_back_s", "refused", "listen_overflows", "stale_reads",
-        "server_cpu_s",
+        "clients", "clients_nice", "all_back_s", "median_back_s", "refused", "listen_overflows",
+        "stale_reads", "server_cpu_s",
     ],
     "fairness": ["idle_median_s", "idle_p99_s", "loaded_median_s", "loaded_p99_s", "ratio"],
 }  # fmt: skip

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fscache.bench import scale, scale_leases
+from fscache.bench import scale, scale_conns, scale_leases
 
 
 def test_the_quick_run_prints_the_table_and_writes_json_and_the_plot(tmp_path: Path) -> None:
@@ -35,6 +35,9 @@ def test_the_quick_run_prints_the_table_and_writes_json_and_the_plot(tmp_path: P
     assert all(r["leases"] == r["files"] * r["holders"] for r in leases)
     assert [r["holders"] for r in results["fanout"]] == [10, 50]
     assert {r["holders_nice"] for r in results["fanout"]} == {scale_leases.FANOUT_HOLDERS_NICE}
+    storm = results["restart_storm"]
+    if "not_measured" not in storm:
+        assert storm["clients_nice"] == scale_conns.STORM_CLIENTS_NICE
     for name in ("connections", "restart_storm", "fairness"):  # rows, or why there are none
         value = results[name]
         assert value, name
