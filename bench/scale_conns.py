@@ -439,14 +439,6 @@ def measure_connections(counts: Sequence[int]) -> list[dict[str, float]]:
     return rows
 
 
-def _renice(pool: WorkerPool, nice: int) -> int:
-    """Set the nice value of ``pool``'s processes; the value the kernel has for them."""
-    pids = [process.pid for process in pool.processes if process.pid is not None]
-    for pid in pids:
-        os.setpriority(os.PRIO_PROCESS, pid, nice)
-    return max(os.getpriority(os.PRIO_PROCESS, pid) for pid in pids)
-
-
 def measure_restart_storm(
     clients: int, *, clients_nice: int = STORM_CLIENTS_NICE
 ) -> dict[str, float]:
@@ -458,7 +450,7 @@ def measure_restart_storm(
     with _workdir() as root:
         server = start_server(root, port=port, max_connections=clients + 16)
         pool = WorkerPool(_worker, len(shares), name="scale-client")
-        nice = _renice(pool, clients_nice)
+        nice = pool.renice(clients_nice)
         try:
             _connect(pool, shares, port)
             pool.send_all([("wait_back", BACK_TIMEOUT)] * len(shares))

@@ -382,10 +382,7 @@ def measure_fanout(
                 spec = (FANOUT_TARGET, FANOUT_TARGET + 1)
                 holding = Holders(("127.0.0.1", server.port), [spec] * n, processes)
                 pids = [process.pid for process in holding.pool.processes]
-                for pid in pids:
-                    if pid is not None:
-                        os.setpriority(os.PRIO_PROCESS, pid, holders_nice)
-                nice = max(os.getpriority(os.PRIO_PROCESS, pid) for pid in pids if pid is not None)
+                nice = holding.pool.renice(holders_nice)
                 try:
                     times, server_cpu, holders_cpu = [], [], []
                     for rep in range(repetitions):
