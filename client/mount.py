@@ -62,7 +62,18 @@ lease: a directory is looked up in its parent's cached listing, a file's
 attributes come from its own lease (else a ``stat``). ``rename`` passes no flags
 on: ``RENAME_NOREPLACE`` and ``RENAME_EXCHANGE`` get EINVAL, since a check
 before the rename could not make them atomic. Open files below a renamed name
-are written back first and follow the rename.
+are written back first and follow the rename. A write-back, wherever it happens,
+makes the kernel drop only the file's attributes (their mtime is the old
+version's): the kernel may be holding the directory (a rename) or the file (a
+truncate, a write) for the request being answered, and dropping a name waits for
+the directory's lock. The pages it keeps are the ones just written.
+
+A name that goes while its file is open here (``unlink``, or a rename over it)
+leaves the open descriptors working, as POSIX says: before the name goes the
+mount copies what they see into a local spool (for a big file, a copy of all of
+it), which serves reads, writes and ``fstat`` (no link left) until the last close
+and is then dropped. The rest of the world sees the name gone at once, and no
+close brings it back.
 
 Files of any size, with bounded memory
 --------------------------------------
@@ -466,7 +477,16 @@ class FscacheOperations:
 
     async def getattr(self, inode: int) -> Entry:
         with _errno_replies():
-            return self._attributes(inode, await self._stat(self._path(inode)))
+            return await self._current_attributes(inode)
+
+    async def _current_attributes(self, inode: int) -> Entry:
+        open_file = self._open.get(inode)
+        if open_file is not None and open_file.unlinked and open_file.spool is not None:
+            # Open, its name gone: the spool, with no link left.
+            size = os.fstat(open_file.spool.fileno()).st_size
+            st = StatResult(open_file.path, open_file.modified_ns, size, False)
+            return Entry(dataclasses.replace(self._attributes(inode, st).attributes, nlink=0), 0.0)
+        return self._attributes(inode, await self._stat(self._path(inode)))
 
     async def setattr(self, inode: int, size: int | None) -> Entry:
         with _errno_replies():
@@ -483,7 +503,7 @@ class FscacheOperations:
                     if open_file is not None:
                         await self._write_back(open_file)  # its ranges go first
                     await self._client.truncate(path, size)
-            return self._attributes(inode, await self._stat(path))
+            return await self._current_attributes(inode)
 
     # ------------------------------------------------------------ directories
     async def opendir(self, inode: int) -> Opened:
@@ -557,6 +577,8 @@ class FscacheOperations:
             for open_file in list(self._open.values()):  # the data goes before the name
                 if open_file.path == src or open_file.path.startswith(below):
                     await self._write_back(open_file)
+            if dst != src:
+                await self._keep_open_contents(dst)  # a file it replaces, if open here
             await self._client.rename(src, dst)
             self._moved(src, dst)
 
@@ -670,11 +692,34 @@ class FscacheOperations:
     async def unlink(self, parent_inode: int, name: bytes) -> None:
         with _errno_replies():
             path = self._child(parent_inode, name)
+            open_file = await self._keep_open_contents(path)
             await self._client.delete(path)
-            inode = self._inode_of.pop(path, None)
-            open_file = self._open.get(inode) if inode is not None else None
+            self._inode_of.pop(path, None)
             if open_file is not None:  # no close may bring it back
                 open_file.unlinked = True
+
+    async def _keep_open_contents(self, path: str) -> _OpenFile | None:
+        """Before the name ``path`` goes (unlink, or a rename over it): if it is open
+        here, copy what its descriptors see (the server's bytes with unflushed ranges
+        laid over) into a spool, which serves them from then until the last close, as
+        POSIX keeps an unlinked file for its open descriptors. The file it returns is
+        marked unlinked by the caller once the name is gone."""
+        inode = self._inode_of.get(path)
+        open_file = self._open.get(inode) if inode is not None else None
+        if open_file is None or open_file.unlinked or open_file.spool is not None:
+            return open_file
+        spool = tempfile.TemporaryFile()  # noqa: SIM115  (closed by the last release)
+        try:
+            await self._client.read_into(path, spool)
+            spool.flush()  # from here on it is read and written by descriptor
+            for start, data in open_file.ranges.items():
+                os.pwrite(spool.fileno(), data, start)
+        except BaseException:
+            spool.close()
+            raise
+        open_file.spool = spool
+        open_file.ranges.clear()
+        return open_file
 
     # ------------------------------------------------------------ the kernel's copy
     async def before_approval(self, path: str) -> None:
@@ -730,9 +775,7 @@ class FscacheOperations:
         if not open_file.dirty:  # the close of a file only read: nothing to wait for
             return
         async with open_file.flushing:
-            if open_file.unlinked:
-                open_file.drop_spool()
-                open_file.ranges.clear()
+            if open_file.unlinked:  # the spool is its contents until the last close
                 return
             if not open_file.dirty:
                 return
@@ -750,7 +793,22 @@ class FscacheOperations:
                     open_file.ranges.clear()
             inode = self._inode_of.get(open_file.path)
             if inode is not None:  # its cached mtime is the old version's
-                await self._invalidate(open_file.path, inode)
+                await self._invalidate_attributes(inode)
+
+    async def _invalidate_attributes(self, inode: int) -> None:
+        """Make the kernel ask for ``inode``'s attributes again. Unlike
+        :meth:`_invalidate` this takes no lock in the kernel, so a handler may call it
+        while the kernel holds the file or its directory for the request being
+        answered (a rename, a truncate, a write): dropping a name would wait for the
+        directory's lock, and dropping pages for a page the write holds, forever.
+        The pages the kernel keeps are the ones just written."""
+        self._paged.pop(inode, None)
+
+        def forget() -> None:
+            with contextlib.suppress(OSError):  # ENOENT: the kernel has forgotten it
+                self._session.invalidate_inode(inode, attributes_only=True)
+
+        await trio.to_thread.run_sync(forget)
 
 
 def _changed(open_file: _OpenFile) -> None:

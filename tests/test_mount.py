@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from unittest.mock import ANY
 
@@ -35,7 +36,7 @@ import trio
 import fscache
 from fscache.cli import parse_serving_line
 from fscache.client.fuse_session import mounted
-from fscache.client.mount import FscacheOperations, mount
+from fscache.client.mount import DIRTY_BOUND, FscacheOperations, mount
 from fscache.server.service import ServerSettings, serve
 
 
@@ -366,6 +367,104 @@ async def test_rename_is_atomic_on_the_server(mnt, other):
     with pytest.raises(OSError) as full:
         await on_mount(os.rename, mnt / "empty", mnt / "d2")  # over a non-empty directory
     assert full.value.errno == errno.ENOTEMPTY
+
+
+async def test_a_file_open_with_unflushed_writes_can_be_renamed(mnt, other):
+    """The rename writes the file back first, while the kernel holds both directories
+    for the rename: nothing it does then may wait for the kernel."""
+    await on_mount(os.mkdir, mnt / "conf")
+    await other.write("conf/settings", b"old settings")
+    assert await on_mount(read_file, mnt / "conf" / "settings") == b"old settings"
+
+    def save_by_rename_before_close() -> None:  # an editor's or a library's atomic save
+        with open(mnt / "conf" / ".settings.tmp", "wb") as f:
+            f.write(b"new settings")
+            f.flush()
+            os.replace(mnt / "conf" / ".settings.tmp", mnt / "conf" / "settings")
+            f.write(b", and more")  # the open file follows its name
+
+    def rewrite_in_place_and_rename_before_close() -> None:
+        with open(mnt / "conf" / "settings", "r+b") as f:
+            f.write(b"NEW")
+            f.flush()
+            os.rename(mnt / "conf" / "settings", mnt / "conf" / "moved")
+
+    with trio.fail_after(60):
+        await on_mount(save_by_rename_before_close)
+        assert await other.read("conf/settings") == b"new settings, and more"
+        await on_mount(rewrite_in_place_and_rename_before_close)
+    assert await other.read("conf/moved") == b"NEW settings, and more"
+    assert await other.listdir("conf") == ["moved"]
+    assert await on_mount(read_file, mnt / "conf" / "moved") == b"NEW settings, and more"
+
+
+async def test_an_unlinked_open_file_keeps_its_contents_until_the_last_close(mnt, other):
+    """POSIX: unlinking a name leaves the open descriptors working; the rest of the
+    world sees the name gone at once, and no close brings it back."""
+
+    def scratch_file() -> tuple[bytes, int, int]:
+        fd = os.open(mnt / "scratch", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            os.unlink(mnt / "scratch")
+            os.write(fd, b"scratch data")
+            st = os.fstat(fd)
+            return os.pread(fd, 100, 0), st.st_size, st.st_nlink
+        finally:
+            os.close(fd)
+
+    assert await on_mount(scratch_file) == (b"scratch data", 12, 0)
+
+    def temporary_file() -> bytes:
+        with tempfile.TemporaryFile(dir=mnt) as f:
+            f.write(b"x" * 100_000)
+            f.seek(0)
+            return f.read()
+
+    assert await on_mount(temporary_file) == b"x" * 100_000
+
+    await other.write("kept", b"contents before the unlink")
+    fd = await on_mount(os.open, mnt / "kept", os.O_RDWR)
+    try:
+        await on_mount(os.pwrite, fd, b"CONTENTS", 0)  # not yet flushed
+        await on_mount(os.unlink, mnt / "kept")
+        with pytest.raises(fscache.NotFound):
+            await other.read("kept")
+        assert await on_mount(os.pread, fd, 100, 0) == b"CONTENTS before the unlink"
+        await on_mount(os.ftruncate, fd, 8)
+        assert (await on_mount(os.fstat, fd)).st_size == 8
+        await on_mount(os.fsync, fd)  # nothing to write back: the name is gone
+        assert await on_mount(os.pread, fd, 100, 0) == b"CONTENTS"
+    finally:
+        await on_mount(os.close, fd)
+
+    await other.write("old", b"the old file")
+    await other.write("new", b"the new file")
+    fd = await on_mount(os.open, mnt / "old", os.O_RDONLY)
+    try:
+        await on_mount(os.replace, mnt / "new", mnt / "old")  # a rename over an open file
+        assert await on_mount(os.pread, fd, 100, 0) == b"the old file"
+        assert await on_mount(read_file, mnt / "old") == b"the new file"
+    finally:
+        await on_mount(os.close, fd)
+    assert await other.listdir("") == ["old"]
+    assert await other.read("old") == b"the new file"
+
+
+async def test_in_place_writes_past_the_dirty_bound_go_out_during_the_write(mnt, other):
+    """Past DIRTY_BOUND the ranges are written back while the kernel's WRITE waits
+    for its answer, and memory stays bounded by it whatever the size written."""
+    await other.write("db", b"\0" * 1024)
+    size = DIRTY_BOUND + 3 * 1024 * 1024
+    data = bytes(range(256)) * (size // 256)
+
+    def write_in_place() -> None:
+        with open(mnt / "db", "r+b") as f:
+            f.seek(512)
+            f.write(data)
+
+    with trio.fail_after(120):
+        await on_mount(write_in_place)
+    assert await other.read("db") == b"\0" * 512 + data
 
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
