@@ -38,7 +38,8 @@ Deletes are ``unlink``, a directory restamp and an fsync of the directory.
 
 Uploads (a whole-file write streamed in parts, for files of any size).
 :meth:`Store.upload_begin` creates the temp file of step 1 (mode ``0o600``: no one
-else reads a half-sent file) beside the target, whose directory must exist;
+else reads a half-sent file) beside the target, or in the root while the target's
+directory is missing (the commit makes it);
 :meth:`Store.upload_part` ``pwrite``\\s each part at its offset at once, so memory is
 bounded by one part, whatever the file's size; :meth:`Store.upload_sync` fsyncs
 the data (the slow part, which the server runs before the lease rules allow the
@@ -46,9 +47,10 @@ write); :meth:`Store.upload_commit` then does steps 2-5 under the path's lock wi
 ``write``'s compare-and-set: stamp, mode as ``write`` gives, fsync (cheap: only the
 inode is left), rename, restamp and fsync of the directory.  So an upload has
 exactly ``write``'s guarantees.  The rename goes from the descriptor of the
-directory the temp file was made in to the path's parent opened anew, so the
-file lands at its path as named at commit, even if a directory on the way was
-renamed meanwhile.  A failed part or commit, and
+directory the temp file was made in to the path's parent opened anew (its missing
+directories made as ``write`` makes them, a file on the way :class:`IsADirectory`),
+so the file lands at its path as named at commit, even if a directory on the way
+was renamed meanwhile; both directories are fsynced.  A failed part or commit, and
 :meth:`Store.upload_abort`, remove the temp file; after a crash ``recover`` does.
 
 In-place writes.  :meth:`Store.write_range` (``pwrite``) and :meth:`Store.truncate`
@@ -771,10 +773,14 @@ class Store:
 
     def upload_begin(self, path: str) -> Upload:
         """Start a streamed write of the whole file ``path``: a private temp file
-        beside it (its directory must exist). Nothing is visible until commit."""
-        dir_fd, name = self._open_parent(path, "upload")
+        beside it, or in the root while its directory is missing (the commit makes
+        the directory, as :meth:`write` does). Nothing is visible until commit."""
         try:
-            st = _lstat_at(dir_fd, name, "upload", path)
+            dir_fd, name = self._open_parent(path, "upload")
+        except NotFound:  # no directory yet (or a file on the way: the commit says so)
+            dir_fd, name = self._open_root("upload", path), ""
+        try:
+            st = _lstat_at(dir_fd, name, "upload", path) if name else None
             if st is not None and stat_mod.S_ISDIR(st.st_mode):
                 raise IsADirectory(f"cannot upload {path!r}: it is a directory")
             temp = TEMP_PREFIX + secrets.token_hex(8)
@@ -815,14 +821,15 @@ class Store:
         """Put the upload in place of the file at its path; return the new version.
 
         Same order and guarantees as :meth:`write` (stamp, fsync, rename, directory
-        restamp and fsync), the same compare-and-set. The upload ends either way:
-        on any error (:class:`Conflict`, :class:`IsADirectory`, ...) it is removed.
+        restamp and fsync), the same compare-and-set, and missing parent directories
+        are made as :meth:`write` makes them. The upload ends either way: on any error
+        (:class:`Conflict`, :class:`IsADirectory`, ...) it is removed.
         """
         self._check_open(upload)
         path = upload.path
         full = self._prefix + path
         try:
-            with self._in_parent(path, "write") as (dir_fd, name), self._locked(full):
+            with self._in_parent(path, "write", make=True) as (dir_fd, name), self._locked(full):
                 old = self._file_version_at(dir_fd, name, "write", path)
                 if if_version is not None and if_version != old:
                     raise Conflict(f"cannot write {path!r}: its version is {old}, not {if_version}")
@@ -1118,10 +1125,17 @@ class Store:
         except OSError as exc:
             raise _translate(exc, op, path) from None
 
+    def _open_root(self, op: str, path: str) -> int:
+        """A descriptor of the root directory, for ``op`` on ``path``."""
+        try:
+            return self._open_dir("")
+        except OSError as exc:
+            raise _translate(exc, op, path) from None
+
     @contextmanager
-    def _in_parent(self, path: str, op: str) -> Iterator[tuple[int, str]]:
+    def _in_parent(self, path: str, op: str, *, make: bool = False) -> Iterator[tuple[int, str]]:
         """:meth:`_open_parent`, closed on leaving."""
-        dir_fd, name = self._open_parent(path, op)
+        dir_fd, name = self._open_parent(path, op, make=make)
         try:
             yield dir_fd, name
         finally:

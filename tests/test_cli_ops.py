@@ -65,6 +65,16 @@ def test_mkdir_and_rmdir_refusals_are_one_clear_line(served):  # noqa: F811
     assert not_empty.returncode == 1 and b"NotEmpty" in not_empty.stderr
 
 
+def test_write_of_a_big_file_makes_its_missing_directories(served, tmp_path):  # noqa: F811
+    source = tmp_path / "big.bin"
+    source.write_bytes(os.urandom(MIB) * 2 + b"tail")  # over one chunk: an upload
+    written = fscache_command("write", served, "newdirC/f", str(source))
+    assert written.returncode == 0, written.stderr
+    assert int(written.stdout) > 0
+    assert fscache_command("read", served, "newdirC/f").stdout == source.read_bytes()
+    assert fscache_command("ls", served).stdout.decode().split() == ["newdirC/"]
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")
 def test_read_and_write_stream_a_big_file_in_bounded_memory(served, tmp_path):  # noqa: F811
     size = 160 * MIB

@@ -182,6 +182,19 @@ async def test_an_expired_chunk_is_revalidated_with_its_version(nursery, autojum
         assert c.stats["not_modified"] == 1
 
 
+# ---------------------------------------------------------------- uploads
+async def test_an_upload_into_a_new_directory_makes_it_and_breaks_the_roots_listing(cluster):
+    data = blob(2 * C)
+    async with cluster.client("w") as w, cluster.client("r") as r:
+        assert await r.scandir("") == []
+        assert "/" in r.cache  # r holds the root's listing under a lease
+        version = await w.write("newdirB/sub/f", data)  # over one chunk: an upload
+        assert "/" not in r.cache  # r was asked to approve before the root gained newdirB
+        assert [e.name for e in await r.scandir("")] == ["newdirB"]
+        assert await r.read("newdirB/sub/f") == data
+        assert (await r.stat("newdirB/sub/f")).version == version
+
+
 # ---------------------------------------------------------------- streams
 async def test_read_into_streams_a_file_with_bounded_memory(cluster):
     data = blob(8 * C + 3)

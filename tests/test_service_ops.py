@@ -385,6 +385,21 @@ async def test_an_upload_commit_against_a_silent_reader_waits_out_its_lease(
     assert temp_files(root) == []
 
 
+async def test_an_upload_that_makes_directories_waits_for_the_listings_they_join(
+    cluster, root, autojump_clock
+):
+    writer = await cluster.raw("writer")
+    silent = await cluster.raw("silent")
+    granted_at = trio.current_time()
+    assert isinstance(await ask(silent, p.ScanDir(id=1, path="")), p.Entries)
+    await upload(writer, "new/dirs/f", [b"x" * CHUNK_SIZE, b"y"])
+    reply = await ask(writer, p.UploadCommit(id=200, upload=100))
+    assert isinstance(reply, p.Written)
+    assert trio.current_time() == at(granted_at + TERM + SKEW)  # the root gains "new"
+    assert (root / "new" / "dirs" / "f").stat().st_size == CHUNK_SIZE + 1
+    assert temp_files(root) == []
+
+
 async def test_an_upload_left_by_a_disconnect_leaves_no_temp_file(cluster, root, autojump_clock):
     peer = await cluster.raw("peer")
     await upload(peer, "f", [b"half of it"])

@@ -165,17 +165,56 @@ def test_upload_commit_compare_and_set(store: Store, root: Path) -> None:
     assert store.upload_commit(upload, if_version=0) > 0  # 0: must not exist yet
 
 
-def test_upload_refuses_directories_and_missing_parents(store: Store, root: Path) -> None:
+def test_upload_refuses_directories(store: Store, root: Path) -> None:
     (root / "d").mkdir()
     with pytest.raises(IsADirectory):
         store.upload_begin("d")
-    with pytest.raises(NotFound):
-        store.upload_begin("nodir/f")
     upload = store.upload_begin("later")
     (root / "later").mkdir()  # a directory appears before the commit
     with pytest.raises(IsADirectory):
         store.upload_commit(upload)
     assert temp_files(root) == []
+
+
+def test_an_upload_into_missing_directories_makes_them_as_a_write_does(
+    store: Store, root: Path
+) -> None:
+    upload = store.upload_begin("newdir/sub/f")
+    (temp,) = temp_files(root)
+    assert os.path.dirname(temp) == str(root)  # in the root until its directory exists
+    store.upload_part(upload, 0, b"a" * MAX)
+    store.upload_part(upload, MAX, b"b")
+    assert store.listdir("") == []  # nothing visible before the commit
+    store.upload_sync(upload)
+    version = store.upload_commit(upload)
+    assert store.read_range("newdir/sub/f", MAX - 1, 2) == (version, MAX + 1, b"ab")
+    assert store.listdir("") == ["newdir/"] and store.listdir("newdir") == ["sub/"]
+    assert temp_files(root) == [] and upload.closed
+
+
+def test_an_upload_below_a_file_fails_at_commit_as_a_write_does(store: Store, root: Path) -> None:
+    old = store.write("f", b"a file")
+    upload = store.upload_begin("f/below")
+    store.upload_part(upload, 0, b"x")
+    with pytest.raises(IsADirectory, match="parent directories is a file"):
+        store.upload_commit(upload)
+    with pytest.raises(IsADirectory, match="parent directories is a file"):
+        store.write("f/below", b"x")
+    assert store.read("f") == (old, b"a file")
+    assert temp_files(root) == [] and upload.closed
+
+
+def test_an_upload_commit_into_a_new_directory_fsyncs_it_and_both_parents(
+    store: Store, calls: list[str]
+) -> None:
+    upload = store.upload_begin("d/f")  # the temp file is in the root
+    store.upload_part(upload, 0, b"x")
+    store.upload_sync(upload)
+    calls.clear()
+    store.upload_commit(upload)
+    # the new directory and the root that gained it; the file's inode; the rename;
+    # the directory that gained the file, and the root that lost the temp file
+    assert calls == ["fsync:dir", "fsync:dir", "fsync:file", "rename", "fsync:dir", "fsync:dir"]
 
 
 def test_upload_abort_and_recover_remove_the_temp_file(store: Store, root: Path) -> None:
@@ -189,6 +228,16 @@ def test_upload_abort_and_recover_remove_the_temp_file(store: Store, root: Path)
     assert len(temp_files(root)) == 1
     assert Store(root, max_file_size=MAX).recover() == 0  # the new store recovered on start
     assert temp_files(root) == []
+    store.upload_abort(leftover)
+
+
+def test_recover_removes_an_uploads_temp_file_left_in_the_root(store: Store, root: Path) -> None:
+    leftover = store.upload_begin("nodir/f")
+    store.upload_part(leftover, 0, b"data")  # never ended: as after a crash
+    (temp,) = temp_files(root)
+    assert os.path.dirname(temp) == str(root)
+    assert Store(root, max_file_size=MAX).recover() == 0  # the new store recovered on start
+    assert temp_files(root) == [] and store.listdir("") == []
     store.upload_abort(leftover)
 
 
