@@ -217,7 +217,7 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _mv_file(self, path1: str, path2: str) -> None:
         """Rename ``path1`` to ``path2`` atomically (POSIX ``rename``)."""
-        with _os_errors(path1):
+        with _os_errors(path1, path2):
             self.client.rename(path1, path2)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
@@ -393,8 +393,9 @@ _OS_ERRORS: dict[type[FscacheError], tuple[type[OSError], int]] = {
 
 
 @contextlib.contextmanager
-def _os_errors(path: str) -> Iterator[None]:
-    """The client's errors as the OSErrors fsspec's callers expect."""
+def _os_errors(path: str, path2: str | None = None) -> Iterator[None]:
+    """The client's errors as the OSErrors fsspec's callers expect, naming ``path``
+    (and ``path2``, a move's destination, as ``os.rename``'s errors do)."""
     try:
         yield
     except FscacheError as exc:
@@ -402,4 +403,4 @@ def _os_errors(path: str) -> Iterator[None]:
         if mapped is None:
             raise
         kind, code = mapped
-        raise kind(code, str(exc), path) from None
+        raise kind(code, str(exc), path, None, path2) from None

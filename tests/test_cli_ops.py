@@ -52,6 +52,10 @@ def test_mv_prints_the_new_version_and_moves_the_name(served):  # noqa: F811
     assert fscache_command("ls", served).stdout.decode().split() == ["b", "d/"]
     missing = fscache_command("mv", served, "d/a", "c")
     assert missing.returncode == 1 and b"NotFound" in missing.stderr
+    assert b"cannot rename 'd/a' to 'c': 'd/a' does not exist" in missing.stderr
+    no_dir = fscache_command("mv", served, "b", "no_such_dir/b")
+    assert no_dir.returncode == 1 and b"NotFound" in no_dir.stderr
+    assert b"the destination's directory 'no_such_dir' does not exist" in no_dir.stderr
     assert fscache_command("rmdir", served, "d").returncode == 0
     assert fscache_command("ls", served).stdout.decode().split() == ["b"]
 

@@ -27,6 +27,7 @@ from fscache.errors import (
     FscacheError,
     IsADirectory,
     NotADirectory,
+    NotDurable,
     NotEmpty,
     NotFound,
     ProtocolError,
@@ -374,29 +375,81 @@ def test_rename_directory_over_empty_directory(store: Store) -> None:
     assert store.facts("d") == Facts(exists=False, is_dir=False)
 
 
-def test_rename_errors(store: Store, root: Path) -> None:
+def test_rename_errors_name_both_paths_and_the_one_at_fault(store: Store, root: Path) -> None:
     store.write("f", b"x")
     store.write("g", b"y")
     store.mkdir("d")
     store.mkdir("full")
     store.write("full/x", b"")
-    cases: list[tuple[str, str, type[FscacheError]]] = [
-        ("f", "d", IsADirectory),
-        ("d", "f", NotADirectory),
-        ("d", "full", NotEmpty),
-        ("missing", "x", NotFound),
-        ("f", "nodir/x", NotFound),
-        ("d", "d/sub", BadPath),
-        ("", "x", BadPath),
-        ("f", "", BadPath),
-        ("f", ".fscache-tmp-x", BadPath),
-        (".fscache", "x", BadPath),
+    os.symlink("d", root / "link")
+    plain = "is not a plain path below the root, or has a reserved name"
+    cases: list[tuple[str, str, type[FscacheError], str]] = [
+        ("f", "d", IsADirectory, "'f' is a file and 'd' is a directory"),
+        ("d", "f", NotADirectory, "'d' is a directory and 'f' is a file"),
+        ("d", "full", NotEmpty, "'full' is a directory that is not empty"),
+        ("missing", "x", NotFound, "'missing' does not exist"),
+        ("nodir/f", "x", NotFound, "the source's directory 'nodir' does not exist"),
+        ("f", "nodir/x", NotFound, "the destination's directory 'nodir' does not exist"),
+        ("g/x", "y", NotFound, "the source's directory 'g' is not a directory"),
+        ("g", "f/x", NotFound, "the destination's directory 'f' is not a directory"),
+        ("d", "d/sub", BadPath, "a directory cannot go inside itself"),
+        ("", "x", BadPath, "the source is the root"),
+        ("f", "", BadPath, "the destination is the root"),
+        ("f", ".fscache-tmp-x", BadPath, f"the destination {plain}"),
+        (".fscache", "x", BadPath, f"the source {plain}"),
+        ("link", "x", BadPath, "'link' is a symlink, which the store never follows"),
+        ("f", "link/x", BadPath, "the destination's directory 'link' is or passes through"),
     ]
-    for src, dst, error in cases:
-        with pytest.raises(error):
+    for src, dst, error, reason in cases:
+        with pytest.raises(error) as caught:
             store.rename(src, dst)
+        assert type(caught.value) is error
+        assert str(caught.value).startswith(f"cannot rename {src!r} to {dst!r}: {reason}")
     assert store.read("f")[1] == b"x" and store.read("g")[1] == b"y"
     assert store.listdir("") == ["d/", "f", "full/", "g"]
+
+
+@pytest.mark.parametrize(
+    ("code", "error", "reason"),
+    [
+        (errno.ENOTEMPTY, NotEmpty, "'b' is a directory that is not empty"),
+        (errno.EEXIST, Exists, "'b' is a directory that is not empty"),
+        (errno.EISDIR, IsADirectory, "'b' is a directory and 'a' is not"),
+        (errno.ENOTDIR, NotADirectory, "'a' is a directory and 'b' is not"),
+        (errno.ENOENT, NotFound, "'a', or the directory of 'b', is gone"),
+        (errno.EIO, FscacheError, "the store's disk failed (I/O error)"),
+    ],
+)
+def test_an_error_of_the_rename_call_itself_names_both_paths(
+    store: Store, monkeypatch: pytest.MonkeyPatch, code: int, error: type[FscacheError], reason: str
+) -> None:
+    """What another program racing the store could make ``rename(2)`` say."""
+    store.write("a", b"A")
+
+    def failing(*args: Any, **kwargs: Any) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "rename", failing)
+    with pytest.raises(error) as caught:
+        store.rename("a", "b")
+    assert type(caught.value) is error
+    assert str(caught.value) == f"cannot rename 'a' to 'b': {reason}"
+
+
+def test_a_rename_that_may_not_be_durable_names_both_paths(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.write("a", b"A")
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(NotDurable) as caught:
+        store.rename("a", "b")
+    assert str(caught.value).startswith("cannot rename 'a' to 'b': the store's disk failed")
+    monkeypatch.undo()
+    assert store.read("b")[1] == b"A"
 
 
 def test_rename_onto_itself_changes_nothing(store: Store) -> None:
