@@ -76,6 +76,8 @@ from fscache.client.watch import Change, watch
 from fscache.errors import (
     Conflict,
     FscacheError,
+    IsADirectory,
+    NotADirectory,
     ProtocolError,
     TooLarge,
     Unauthorized,
@@ -803,22 +805,14 @@ class Client:
         return StatResult(path, reply.version, reply.size, reply.is_dir)
 
     async def listdir(self, path: str = "") -> list[str]:
-        """Sorted names in directory ``path``, directories with a trailing ``/`` (from a
-        cached :meth:`scandir` listing while its lease holds)."""
-        path = normalize(path, allow_root=True)
-        listing = self._cache.lookup_listing(dir_key(path), self._clock())
-        if listing is not None:
-            return [e.name + "/" if e.is_dir else e.name for e in listing.entries]
-        names: list[str] = []
-        after: str | None = None
-        while True:  # one page per request; the server says when there is more
-            link = await self._current_link()
-            reply = await self._call(link, partial(p.ListDir, path=path, after=after))
-            assert isinstance(reply, p.Listing)
-            names += reply.names
-            if not reply.more or not reply.names:
-                return names
-            after = reply.names[-1]
+        """Sorted names in directory ``path``, directories with a trailing ``/``: the
+        names of its :meth:`scandir` listing, so from the cache while the lease on the
+        listing holds (:class:`IsADirectory` for a file)."""
+        try:
+            entries = await self.scandir(path)
+        except NotADirectory as exc:  # IsADirectory for a file, as the server's listdir says
+            raise IsADirectory(str(exc)) from None
+        return [e.name + "/" if e.is_dir else e.name for e in entries]
 
     def watch(self, path: str = "", *, initial: bool = False) -> AsyncIterator[Change]:
         """The changes of the file or directory ``path`` (``""``: the root), as they

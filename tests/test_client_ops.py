@@ -385,6 +385,33 @@ async def test_scandir_is_cached_and_another_clients_create_drops_it(cluster):
         assert await r.listdir("d") == ["one", "sub/", "two"]
 
 
+async def test_listdir_is_cached_under_the_directorys_lease(cluster):
+    async with cluster.client("w") as w, cluster.client("r") as r:
+        await w.mkdir("d")
+        await w.write("d/one", b"1")
+        await w.mkdir("d/sub")
+        counters = cluster.service.counters
+        messages, hits, misses = counters.messages_in, r.stats["hits"], r.stats["misses"]
+        for _ in range(100):
+            assert await r.listdir("d") == ["one", "sub/"]
+        assert counters.messages_in == messages + 1  # one scandir, then hits
+        assert (r.stats["hits"], r.stats["misses"]) == (hits + 99, misses + 1)
+        assert await r.scandir("d") == [  # the same cached listing
+            fscache.DirEntry("one", False, 1, (await w.stat("d/one")).version),
+            fscache.DirEntry("sub", True, 0, (await w.stat("d/sub")).version),
+        ]
+        await w.write("d/two", b"22")  # a create: r is asked to drop its listing first
+        assert await r.listdir("d") == ["one", "sub/", "two"]
+        await w.rename("d/one", "d/zero")
+        assert await r.listdir("d") == ["sub/", "two", "zero"]
+        await w.delete("d/two")
+        assert await r.listdir("d") == ["sub/", "zero"]
+        with pytest.raises(fscache.IsADirectory, match="it is a file"):
+            await r.listdir("d/zero")
+        with pytest.raises(fscache.NotFound):
+            await r.listdir("absent")
+
+
 async def test_the_writers_own_listing_is_dropped_by_its_create(cluster):
     async with cluster.client("w") as w:
         assert await w.scandir() == []
