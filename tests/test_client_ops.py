@@ -14,6 +14,7 @@ import tracemalloc
 
 import pytest
 import trio
+import trio.testing
 
 import fscache
 from fscache import protocol as p
@@ -180,6 +181,32 @@ async def test_an_expired_chunk_is_revalidated_with_its_version(nursery, autojum
         await trio.sleep(2.0)
         assert await c.read("f", offset=2, length=3) == data[2:5]
         assert c.stats["not_modified"] == 1
+
+
+async def test_read_into_keeps_no_chunk_of_a_file_over_a_quarter_of_the_cache(cluster):
+    big, small = blob(3 * C + 5), blob(2 * C, seed=1)
+    async with cluster.client("w") as w, cluster.client("r", cache_bytes=8 * C) as r:
+        await w.write("big.bin", big)
+        await w.write("small.bin", small)  # 2 MiB: a quarter of r's bound
+        await w.write("other", b"kept")
+        assert await r.read("other") == b"kept"
+        out = io.BytesIO()
+        assert await r.read_into("big.bin", out) == len(big) and out.getvalue() == big
+        assert "big.bin" not in r.cache and r.cache.nbytes == 4  # nothing kept, nothing evicted
+        assert await r.read("other") == b"kept" and r.stats["evictions"] == 0
+        await trio.testing.wait_all_tasks_blocked()  # the relinquisher gave the lease back
+        approvals = r.stats["approvals"]
+        await w.write("big.bin", big[::-1])
+        assert r.stats["approvals"] == approvals  # r held no lease on it: not asked
+        out = io.BytesIO()
+        assert await r.read_into("small.bin", out) == len(small) and out.getvalue() == small
+        range_reads = cluster.service.counters.range_reads
+        assert await r.read("small.bin") == small  # a small file is kept: every chunk a hit
+        assert cluster.service.counters.range_reads == range_reads
+        part = await r.read("big.bin", offset=C + 7, length=100)  # ranged reads keep chunks
+        assert part == big[::-1][C + 7 : C + 107]
+        assert await r.read("big.bin", offset=C + 7, length=100) == part
+        assert cluster.service.counters.range_reads == range_reads + 1
 
 
 # ---------------------------------------------------------------- uploads
