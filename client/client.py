@@ -24,7 +24,8 @@ an unchanged file costs a not-modified reply and no data.
 
 A file larger than one chunk comes in chunks (:data:`~fscache.settings.CHUNK_SIZE`):
 the first with a ``read``, the rest with ``read_range``, a few in flight at once,
-each cached under the file's lease as it arrives. Every chunk of one read must
+each cached under the file's lease as it arrives (but for a streaming copy of a
+big file: see Scans in :mod:`fscache.cache`). Every chunk of one read must
 have one version; if they differ the file changed between them, and the read is
 dropped and starts over. A big write goes up in parts (``upload_*``), a few in
 flight; an upload that fails or is cancelled is aborted. Transfers hold at most
@@ -76,6 +77,8 @@ from fscache.client.watch import Change, watch
 from fscache.errors import (
     Conflict,
     FscacheError,
+    IsADirectory,
+    NotADirectory,
     ProtocolError,
     TooLarge,
     Unauthorized,
@@ -183,6 +186,7 @@ class _Request:
     earlier: tuple[DirEntry, ...] = ()
     earlier_version: int | None = None
     size: int = 0  # (a revalidating chunk read: the file's size at that version)
+    scan: bool = False  # a chunk read by a streaming copy (see the cache's Scans)
     id: int = 0
     reply: p.Message | None = None
     error: BaseException | None = None
@@ -451,9 +455,11 @@ class Client:
 
     async def read_into(self, path: str, file: IO[bytes]) -> int:
         """Copy the whole of ``path`` into the binary ``file``, chunk by chunk, holding
-        at most a few chunks (and what the cache's byte bound allows); returns the
-        bytes copied. If the file changes between chunks the copy starts over (a
-        seekable ``file`` is rewound and cut; any other raises :class:`Conflict`)."""
+        at most a few chunks; returns the bytes copied. A scan (see the cache's
+        theory note): the chunks of a file larger than a quarter of the cache's byte
+        bound are handed over, not kept. If the file changes between chunks the copy
+        starts over (a seekable ``file`` is rewound and cut; any other raises
+        :class:`Conflict`)."""
         path = normalize(path)
         start = file.tell() if file.seekable() else None
 
@@ -462,12 +468,17 @@ class Client:
 
         for _ in range(READ_ATTEMPTS):
             try:
-                return await self._stream(path, 0, None, sink)
+                copied = await self._stream(path, 0, None, sink, scan=True)
             except _Changed:
                 if start is None:
                     raise Conflict(f"{path} changed while it was copied") from None
                 file.seek(start)
                 file.truncate()
+                continue
+            if path not in self._cache:  # nothing kept: its lease would only hold up writers
+                self._to_relinquish.append(path)
+                self._relinquish_wake.set()
+            return copied
         raise Conflict(f"{path} kept changing while it was copied")
 
     async def write(
@@ -803,22 +814,14 @@ class Client:
         return StatResult(path, reply.version, reply.size, reply.is_dir)
 
     async def listdir(self, path: str = "") -> list[str]:
-        """Sorted names in directory ``path``, directories with a trailing ``/`` (from a
-        cached :meth:`scandir` listing while its lease holds)."""
-        path = normalize(path, allow_root=True)
-        listing = self._cache.lookup_listing(dir_key(path), self._clock())
-        if listing is not None:
-            return [e.name + "/" if e.is_dir else e.name for e in listing.entries]
-        names: list[str] = []
-        after: str | None = None
-        while True:  # one page per request; the server says when there is more
-            link = await self._current_link()
-            reply = await self._call(link, partial(p.ListDir, path=path, after=after))
-            assert isinstance(reply, p.Listing)
-            names += reply.names
-            if not reply.more or not reply.names:
-                return names
-            after = reply.names[-1]
+        """Sorted names in directory ``path``, directories with a trailing ``/``: the
+        names of its :meth:`scandir` listing, so from the cache while the lease on the
+        listing holds (:class:`IsADirectory` for a file)."""
+        try:
+            entries = await self.scandir(path)
+        except NotADirectory as exc:  # IsADirectory for a file, as the server's listdir says
+            raise IsADirectory(str(exc)) from None
+        return [e.name + "/" if e.is_dir else e.name for e in entries]
 
     def watch(self, path: str = "", *, initial: bool = False) -> AsyncIterator[Change]:
         """The changes of the file or directory ``path`` (``""``: the root), as they
@@ -1059,12 +1062,15 @@ class Client:
         length: int | None,
         sink: Callable[[bytes], Awaitable[None]],
         first: p.Chunk | None = None,
+        *,
+        scan: bool = False,
     ) -> int:
         """Hand bytes ``[offset, offset + length)`` of ``path`` to ``sink`` in order,
         chunk by chunk from the cache or the server (IN_FLIGHT requests at most);
         returns the bytes handed over. :class:`_Changed` (after dropping the file's
         chunks) if two chunks differ in version. ``first``: chunk 0, already read.
-        Each chunk counts as a hit or a miss."""
+        ``scan``: a streaming copy, whose chunks the cache keeps only if the file is
+        small (see the cache's Scans). Each chunk counts as a hit or a miss."""
         chunks = self._cache.chunks(path)
         known: dict[int, bytes] = {}
         if first is not None:
@@ -1073,7 +1079,7 @@ class Client:
             version, size = chunks.version, chunks.size
         else:
             index = offset // CHUNK_SIZE
-            known[index], version, size = await self._fetch_chunk(path, index)
+            known[index], version, size = await self._fetch_chunk(path, index, scan)
         end = size if length is None else min(size, offset + length)
         if end <= offset:
             return 0
@@ -1111,23 +1117,27 @@ class Client:
                 self._hits += 1
                 pending.append((index, entry.data[lo - entry.start : hi - entry.start]))
                 continue
-            pending.append((index, await self._start_chunk(link, path, index)))
+            pending.append((index, await self._start_chunk(link, path, index, scan)))
         while pending:
             await hand_over()
         return copied
 
-    async def _fetch_chunk(self, path: str, index: int) -> tuple[bytes, int, int]:
+    async def _fetch_chunk(
+        self, path: str, index: int, scan: bool = False
+    ) -> tuple[bytes, int, int]:
         """Chunk ``index`` of ``path`` from the server: (data, version, file size)."""
         link = await self._current_link()
-        request = await self._start_chunk(link, path, index)
+        request = await self._start_chunk(link, path, index, scan)
         await self._finish(link, request)
         return self._chunk_result(request)
 
-    async def _start_chunk(self, link: _Link, path: str, index: int) -> _Request:
+    async def _start_chunk(
+        self, link: _Link, path: str, index: int, scan: bool = False
+    ) -> _Request:
         """Ask for the whole of chunk ``index`` of ``path`` (revalidating it if the
-        cached piece of it is the whole chunk)."""
+        cached piece of it is the whole chunk); ``scan``: for a streaming copy."""
         self._counters.misses += 1
-        request = _Request(path)
+        request = _Request(path, scan=scan)
         chunks = self._cache.chunks(path)
         cached = None
         if chunks is not None:
@@ -1376,6 +1386,7 @@ class Client:
                 term=reply.term,
                 sent_at=request.sent_at,
                 start=start,
+                scan=request.scan,
             )
             if not data:
                 return evicted

@@ -41,9 +41,8 @@ atomically (readers see the old or the new contents, never a mix).  ``"xb"`` doe
 the same as a compare-and-set against version 0 (an absent file), so an exclusive
 create that loses a race raises ``FileExistsError`` instead of overwriting.
 ``get_file`` streams into the local file (``read_into``); ``put_file`` streams
-from it.  A small write creates missing parent directories on the server; an
-upload needs its parent, so :meth:`FscacheFileSystem._write` creates it when the
-server says it is missing and sends again.
+from it.  Every write, small or an upload, creates missing parent directories on
+the server.
 
 Errors.  One boundary, :func:`_os_errors`, turns the client's errors into the
 ``OSError`` subclasses fsspec's callers expect (the table :data:`_OS_ERRORS`).
@@ -218,7 +217,7 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _mv_file(self, path1: str, path2: str) -> None:
         """Rename ``path1`` to ``path2`` atomically (POSIX ``rename``)."""
-        with _os_errors(path1):
+        with _os_errors(path1, path2):
             self.client.rename(path1, path2)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
@@ -301,19 +300,11 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _write(self, path: str, data: Source, *, exclusive: bool) -> None:
         """Replace the file ``path`` with ``data`` (bytes, or a binary file read from
-        where it stands); ``exclusive``: only if no file is there yet. Makes the
-        missing parents an upload needs."""
-        start = None if isinstance(data, bytes | bytearray | memoryview) else data.tell()
+        where it stands); ``exclusive``: only if no file is there yet. The server
+        makes missing parent directories."""
         try:
-            try:
-                with _os_errors(path):
-                    self.client.write(path, data, if_version=0 if exclusive else None)
-            except FileNotFoundError:  # an upload's parent is missing
-                self._make_parents(path)
-                if start is not None:
-                    data.seek(start)  # type: ignore[union-attr]
-                with _os_errors(path):
-                    self.client.write(path, data, if_version=0 if exclusive else None)
+            with _os_errors(path):
+                self.client.write(path, data, if_version=0 if exclusive else None)
         except IsADirectoryError:  # the path is a directory, or a parent is a file
             try:
                 is_dir = self.client.stat(path).is_dir
@@ -402,8 +393,9 @@ _OS_ERRORS: dict[type[FscacheError], tuple[type[OSError], int]] = {
 
 
 @contextlib.contextmanager
-def _os_errors(path: str) -> Iterator[None]:
-    """The client's errors as the OSErrors fsspec's callers expect."""
+def _os_errors(path: str, path2: str | None = None) -> Iterator[None]:
+    """The client's errors as the OSErrors fsspec's callers expect, naming ``path``
+    (and ``path2``, a move's destination, as ``os.rename``'s errors do)."""
     try:
         yield
     except FscacheError as exc:
@@ -411,4 +403,4 @@ def _os_errors(path: str) -> Iterator[None]:
         if mapped is None:
             raise
         kind, code = mapped
-        raise kind(code, str(exc), path) from None
+        raise kind(code, str(exc), path, None, path2) from None

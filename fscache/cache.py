@@ -45,6 +45,22 @@ caches only what it fetched. A piece answers a read only of bytes it covers
 so only such a read may revalidate it. A chunk holds one piece: a new piece of the
 same version replaces the cached one unless the cached one covers it already.
 
+Scans. A streaming copy (the client's ``read_into``) reads each chunk of a file
+once, in order, and hands it on: a *scan*. Its chunks of a file larger than a
+quarter of the byte bound (``size > max_bytes // SCAN_SHARE``) are not kept:
+:meth:`LeaseCache.store_chunk` with ``scan=True`` stores nothing of such a file
+(an older version's copy is still dropped), so a copy of any size evicts nothing
+and leaves no chunk that no one will read again (kept, the chunks of a 2 GiB
+copy would fill a 64 MiB bound and push every other entry out). Chunks of that
+file already cached are left as they are, and the scan reads them as hits; when
+the copy ends with nothing of the file cached, the client gives its lease back.
+A file of at most a quarter of the bound is cached by a scan as by any read, so
+copying it again is cheap and costs the cache at most a quarter. (PostgreSQL
+reads a table larger than a quarter of its buffer pool through a small ring for
+the same reason.) Whole and ranged reads (``read``) are not scans: a file read
+in ranges (the mount, fsspec) is read again, so their chunks are kept under the
+lease.
+
 A directory's listing is cached under the directory's key (its path and ``/``,
 as :mod:`fscache.names` spells it) with the same expiry rule, and is dropped by
 the same :meth:`LeaseCache.drop` of that key. Listings are small and not counted
@@ -59,6 +75,9 @@ import dataclasses
 from collections import OrderedDict
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+SCAN_SHARE = 4
+"""A scan keeps the chunks of files of at most ``max_bytes // SCAN_SHARE`` bytes (see
+Scans in the theory note)."""
 _CHUNK_MARK = "\0"  # between a path and a chunk index in a chunk's key
 
 
@@ -255,16 +274,24 @@ class LeaseCache:
         term: float,
         sent_at: float,
         start: int = 0,
+        scan: bool = False,
     ) -> list[str]:
         """Cache chunk ``index`` of ``path`` (``size`` bytes at ``version``), or the
         piece of it from ``start``, under a lease of ``term`` granted to a request
-        sent at ``sent_at``. Returns the paths evicted to make room (relinquish them)."""
+        sent at ``sent_at``. Returns the paths evicted to make room (relinquish them).
+        ``scan``: read by a streaming copy, kept only if :meth:`keeps_scan` says so."""
         whole = self.entries.get(path)
         chunks = self.files.get(path)
         if (whole is not None and whole.version > version) or (
             chunks is not None and chunks.version > version
         ):
             return []  # a newer version is cached already: never go back
+        if scan and not self.keeps_scan(size):
+            if (whole is not None and whole.version < version) or (
+                chunks is not None and chunks.version < version
+            ):
+                self.drop(path)  # an older version: the file changed
+            return []
         expiry = self._expiry(term, sent_at)
         if expiry <= sent_at or len(data) > self.max_bytes:
             return [path] if self.drop(path) else []
@@ -287,6 +314,10 @@ class LeaseCache:
         chunks.indices.add(index)
         self.nbytes += len(data) - (len(old.data) if old is not None else 0)
         return self._evict(keep=key) if self.nbytes > self.max_bytes else []
+
+    def keeps_scan(self, size: int) -> bool:
+        """Whether a scan keeps the chunks of a file of ``size`` bytes (see Scans)."""
+        return size <= self.max_bytes // SCAN_SHARE
 
     def _extend_chunks(
         self, path: str, chunks: Chunks, version: int, term: float, sent_at: float

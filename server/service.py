@@ -1325,7 +1325,8 @@ class FileService:
             return
         apply = partial(self.store.upload_commit, upload, message.if_version)
         tie = Rewrite(upload.path, connection.holder if message.ephemeral else None)
-        self._begin_write(connection, message, self._file_write_keys(upload.path), apply, tie)
+        footprint = self._file_write_keys(upload.path, makes_parents=True)
+        self._begin_write(connection, message, footprint, apply, tie)
 
     def _on_upload_abort(self, connection: Connection, message: p.UploadAbort) -> None:
         upload = connection.uploads.pop(self._upload(connection, message.upload))

@@ -38,7 +38,8 @@ Deletes are ``unlink``, a directory restamp and an fsync of the directory.
 
 Uploads (a whole-file write streamed in parts, for files of any size).
 :meth:`Store.upload_begin` creates the temp file of step 1 (mode ``0o600``: no one
-else reads a half-sent file) beside the target, whose directory must exist;
+else reads a half-sent file) beside the target, or in the root while the target's
+directory is missing (the commit makes it);
 :meth:`Store.upload_part` ``pwrite``\\s each part at its offset at once, so memory is
 bounded by one part, whatever the file's size; :meth:`Store.upload_sync` fsyncs
 the data (the slow part, which the server runs before the lease rules allow the
@@ -46,9 +47,10 @@ write); :meth:`Store.upload_commit` then does steps 2-5 under the path's lock wi
 ``write``'s compare-and-set: stamp, mode as ``write`` gives, fsync (cheap: only the
 inode is left), rename, restamp and fsync of the directory.  So an upload has
 exactly ``write``'s guarantees.  The rename goes from the descriptor of the
-directory the temp file was made in to the path's parent opened anew, so the
-file lands at its path as named at commit, even if a directory on the way was
-renamed meanwhile.  A failed part or commit, and
+directory the temp file was made in to the path's parent opened anew (its missing
+directories made as ``write`` makes them, a file on the way :class:`IsADirectory`),
+so the file lands at its path as named at commit, even if a directory on the way
+was renamed meanwhile; both directories are fsynced.  A failed part or commit, and
 :meth:`Store.upload_abort`, remove the temp file; after a crash ``recover`` does.
 
 In-place writes.  :meth:`Store.write_range` (``pwrite``) and :meth:`Store.truncate`
@@ -203,7 +205,8 @@ or not: symlinks are not aliases; ``listdir`` and ``scandir`` do not show them.
 start, or reach the server's own state directory.)
 
 Errors.  Every ``OSError`` becomes an :class:`~fscache.errors.FscacheError`
-subclass with a message naming the path.  Only programming errors (wrong argument
+subclass with a message naming the path (a rename's names both paths, and says
+which one is at fault).  Only programming errors (wrong argument
 types, ``ValueError``/``TypeError``) and ``MemoryError`` escape untranslated.  A
 failure after the change is visible (the directory fsync after a rename, unlink or
 rmdir; the fsync after an in-place write to an existing file) raises
@@ -580,7 +583,7 @@ class Store:
                 raise NotFound(f"cannot stat {path!r}: it does not exist")
         else:
             st = os.stat(self.root)
-        if _file_or_dir(st, "stat", path):
+        if _file_or_dir(st, f"cannot stat {path!r}", path):
             return st.st_mtime_ns, 0, True
         return st.st_mtime_ns, st.st_size, False
 
@@ -771,10 +774,14 @@ class Store:
 
     def upload_begin(self, path: str) -> Upload:
         """Start a streamed write of the whole file ``path``: a private temp file
-        beside it (its directory must exist). Nothing is visible until commit."""
-        dir_fd, name = self._open_parent(path, "upload")
+        beside it, or in the root while its directory is missing (the commit makes
+        the directory, as :meth:`write` does). Nothing is visible until commit."""
         try:
-            st = _lstat_at(dir_fd, name, "upload", path)
+            dir_fd, name = self._open_parent(path, "upload")
+        except NotFound:  # no directory yet (or a file on the way: the commit says so)
+            dir_fd, name = self._open_root("upload", path), ""
+        try:
+            st = _lstat_at(dir_fd, name, "upload", path) if name else None
             if st is not None and stat_mod.S_ISDIR(st.st_mode):
                 raise IsADirectory(f"cannot upload {path!r}: it is a directory")
             temp = TEMP_PREFIX + secrets.token_hex(8)
@@ -815,14 +822,15 @@ class Store:
         """Put the upload in place of the file at its path; return the new version.
 
         Same order and guarantees as :meth:`write` (stamp, fsync, rename, directory
-        restamp and fsync), the same compare-and-set. The upload ends either way:
-        on any error (:class:`Conflict`, :class:`IsADirectory`, ...) it is removed.
+        restamp and fsync), the same compare-and-set, and missing parent directories
+        are made as :meth:`write` makes them. The upload ends either way: on any error
+        (:class:`Conflict`, :class:`IsADirectory`, ...) it is removed.
         """
         self._check_open(upload)
         path = upload.path
         full = self._prefix + path
         try:
-            with self._in_parent(path, "write") as (dir_fd, name), self._locked(full):
+            with self._in_parent(path, "write", make=True) as (dir_fd, name), self._locked(full):
                 old = self._file_version_at(dir_fd, name, "write", path)
                 if if_version is not None and if_version != old:
                     raise Conflict(f"cannot write {path!r}: its version is {old}, not {if_version}")
@@ -895,27 +903,30 @@ class Store:
         :class:`NotFound` (``src``, or ``dst``'s directory, missing),
         :class:`IsADirectory` (file over directory), :class:`NotADirectory`
         (directory over file), :class:`NotEmpty`, :class:`BadPath` (the root, a
-        reserved name, ``dst`` beneath ``src``).
+        reserved name, ``dst`` beneath ``src``). Every message names both paths,
+        and the one at fault.
         """
+        op = _rename_op(src)
+        what = f"cannot {op} {dst!r}"
         if dst.startswith(src + "/"):
-            raise BadPath(f"cannot rename {src!r} to {dst!r}: a directory cannot go inside itself")
+            raise BadPath(f"{what}: a directory cannot go inside itself")
         src_full, dst_full = self._prefix + src, self._prefix + dst
         with (
-            self._in_parent(src, "rename") as (src_dir, src_name),
-            self._in_parent(dst, "rename") as (dst_dir, dst_name),
+            self._in_rename_parent(src, dst, "source") as (src_dir, src_name),
+            self._in_rename_parent(src, dst, "destination") as (dst_dir, dst_name),
             self._locked(src_full, dst_full),
         ):
-            src_st = _lstat_at(src_dir, src_name, "rename", src)
+            src_st = _lstat_at(src_dir, src_name, op, dst)
             if src_st is None:
-                raise NotFound(f"cannot rename {src!r}: it does not exist")
-            is_dir = _file_or_dir(src_st, "rename", src)
-            dst_st = _lstat_at(dst_dir, dst_name, "rename", dst)
+                raise NotFound(f"{what}: {src!r} does not exist")
+            is_dir = _file_or_dir(src_st, what, src)
+            dst_st = _lstat_at(dst_dir, dst_name, op, dst)
             if src == dst:
                 return src_st.st_mtime_ns
-            if dst_st is not None and _file_or_dir(dst_st, "rename over", dst) != is_dir:
+            if dst_st is not None and _file_or_dir(dst_st, what, dst) != is_dir:
                 if is_dir:
-                    raise NotADirectory(f"cannot rename directory {src!r} over file {dst!r}")
-                raise IsADirectory(f"cannot rename file {src!r} over directory {dst!r}")
+                    raise NotADirectory(f"{what}: {src!r} is a directory and {dst!r} is a file")
+                raise IsADirectory(f"{what}: {src!r} is a file and {dst!r} is a directory")
             src_key = self._dir_key(src) if is_dir else src_full
             dst_key = self._dir_key(dst) if is_dir else dst_full
             with self._mutex:
@@ -940,7 +951,7 @@ class Store:
             self._raise_floor(src_key, src_st.st_mtime_ns)
             with self._mutex:
                 self._floors.pop(dst_full, None)
-            with _after_change("rename", src):
+            with _after_change(op, dst):
                 self._dir_changed(src_dir, self._dir_key(_parent_of(src)))
                 if _parent_of(src) != _parent_of(dst):
                     self._dir_changed(dst_dir, self._dir_key(_parent_of(dst)))
@@ -1118,10 +1129,51 @@ class Store:
         except OSError as exc:
             raise _translate(exc, op, path) from None
 
+    def _open_root(self, op: str, path: str) -> int:
+        """A descriptor of the root directory, for ``op`` on ``path``."""
+        try:
+            return self._open_dir("")
+        except OSError as exc:
+            raise _translate(exc, op, path) from None
+
     @contextmanager
-    def _in_parent(self, path: str, op: str) -> Iterator[tuple[int, str]]:
+    def _in_rename_parent(self, src: str, dst: str, role: str) -> Iterator[tuple[int, str]]:
+        """:meth:`_in_parent` for the ``role`` (``source`` or ``destination``) of the
+        rename of ``src`` to ``dst``: its errors name both and the path at fault."""
+        path = src if role == "source" else dst
+        op = _rename_op(src)
+        what = f"cannot {op} {dst!r}"
+        if not path:
+            raise BadPath(f"{what}: the {role} is the root")
+        if not _is_plain(path):
+            raise BadPath(
+                f"{what}: the {role} is not a plain path below the root, or has a reserved name"
+            )
+        head, _, name = path.rpartition("/")
+        try:
+            dir_fd = self._open_dir(head)
+        except OSError as exc:
+            where = f"the {role}'s directory {head!r}"
+            if exc.errno == errno.ENOENT:
+                raise NotFound(f"{what}: {where} does not exist") from None
+            if exc.errno == errno.ENOTDIR:
+                raise NotFound(
+                    f"{what}: {where} is not a directory (a file is in its place or on the way)"
+                ) from None
+            if exc.errno == errno.ELOOP:
+                raise BadPath(
+                    f"{what}: {where} is or passes through a symlink, which the store never follows"
+                ) from None
+            raise _translate(exc, op, dst) from None
+        try:
+            yield dir_fd, name
+        finally:
+            os.close(dir_fd)
+
+    @contextmanager
+    def _in_parent(self, path: str, op: str, *, make: bool = False) -> Iterator[tuple[int, str]]:
         """:meth:`_open_parent`, closed on leaving."""
-        dir_fd, name = self._open_parent(path, op)
+        dir_fd, name = self._open_parent(path, op, make=make)
         try:
             yield dir_fd, name
         finally:
@@ -1469,7 +1521,7 @@ def _key(st: os.stat_result) -> _Key | None:
 
 def _regular_file_version(st: os.stat_result, op: str, path: str) -> int:
     """The version of a regular file; IsADirectory or FscacheError for anything else."""
-    if _file_or_dir(st, op, path):
+    if not stat_mod.S_ISREG(st.st_mode) and _file_or_dir(st, f"cannot {op} {path!r}", path):
         raise IsADirectory(f"cannot {op} {path!r}: it is a directory")
     return st.st_mtime_ns
 
@@ -1652,26 +1704,31 @@ def _check_path(path: str, op: str) -> None:
     reserved name (every normalised path but ``""`` is)."""
     if not path:
         raise BadPath(f"cannot {op} the root")
-    if _plainly_relative(path):
-        return
-    if (
-        "\0" in path
-        or path.startswith("/")
-        or any(part in ("", ".", "..") or is_reserved(part) for part in path.split("/"))
-    ):
+    if not _is_plain(path):
         raise BadPath(f"cannot {op} {path!r}: not a plain path below the root, or a reserved name")
 
 
-def _file_or_dir(st: os.stat_result, op: str, path: str) -> bool:
-    """Whether ``st`` is a directory; BadPath for a symlink (never followed: see
-    Confinement), FscacheError for anything else but a regular file."""
+def _is_plain(path: str) -> bool:
+    """Whether ``path``, not the root, is a plain relative path below the root with no
+    reserved name."""
+    return _plainly_relative(path) or not (
+        "\0" in path
+        or path.startswith("/")
+        or any(part in ("", ".", "..") or is_reserved(part) for part in path.split("/"))
+    )
+
+
+def _file_or_dir(st: os.stat_result, what: str, path: str) -> bool:
+    """Whether ``st``, of ``path``, is a directory; BadPath for a symlink (never
+    followed: see Confinement), FscacheError for anything else but a regular file.
+    ``what`` begins the error's message (``"cannot stat 'a'"``)."""
     if stat_mod.S_ISDIR(st.st_mode):
         return True
     if stat_mod.S_ISREG(st.st_mode):
         return False
     if stat_mod.S_ISLNK(st.st_mode):
-        raise BadPath(f"cannot {op} {path!r}: it is a symlink, which the store never follows")
-    raise FscacheError(f"cannot {op} {path!r}: not a regular file or directory")
+        raise BadPath(f"{what}: {path!r} is a symlink, which the store never follows")
+    raise FscacheError(f"{what}: {path!r} is not a regular file or directory")
 
 
 def _parent_of(path: str) -> str:
@@ -1679,15 +1736,38 @@ def _parent_of(path: str) -> str:
 
 
 def _rename_error(exc: OSError, src: str, dst: str) -> FscacheError:
-    """The fscache error for ``rename(2)``'s errno once both parents are open."""
+    """The fscache error for an OSError of ``rename(2)``, or of opening and stamping
+    ``src`` just before it: the class :func:`_translate` gives, with a message that
+    names both paths and the one at fault. (The names were checked before, under
+    the paths' locks: these are races with other programs, or the disk.)"""
+    op = _rename_op(src)
+    what = f"cannot {op} {dst!r}"
     code = exc.errno
     if code == errno.ENOTDIR:
-        return NotADirectory(f"cannot rename {src!r} over {dst!r}: not a directory")
+        return NotADirectory(f"{what}: {src!r} is a directory and {dst!r} is not")
+    if code == errno.EISDIR:
+        return IsADirectory(f"{what}: {dst!r} is a directory and {src!r} is not")
+    if code == errno.ENOTEMPTY:
+        return NotEmpty(f"{what}: {dst!r} is a directory that is not empty")
+    if code == errno.EEXIST:  # rename(2)'s other spelling of ENOTEMPTY
+        return Exists(f"{what}: {dst!r} is a directory that is not empty")
+    if code == errno.ENOENT:
+        return NotFound(f"{what}: {src!r}, or the directory of {dst!r}, is gone")
+    if code == errno.ELOOP:  # O_NOFOLLOW met a symlink put in place of src
+        return BadPath(f"{what}: {src!r} is a symlink, which the store never follows")
     if code == errno.EINVAL:
-        return BadPath(f"cannot rename {src!r} to {dst!r}: {exc.strerror}")
+        return BadPath(f"{what}: a directory cannot go inside itself")
     if code == errno.EXDEV:
-        return FscacheError(f"cannot rename {src!r} to {dst!r}: they are on two file systems")
-    return _translate(exc, "rename", src)
+        return FscacheError(f"{what}: they are on two file systems")
+    return _translate(exc, op, dst)  # the other reasons name no path
+
+
+def _rename_op(src: str) -> str:
+    """The ``op`` of a rename of ``src``: with the destination as the path,
+    :func:`_translate` and :func:`_after_change` say ``cannot rename SRC to DST:
+    <reason>``; used only for errors whose reason names no path (a full disk, an
+    I/O error)."""
+    return f"rename {src!r} to"
 
 
 def _pread_all(fd: int, size: int, offset: int) -> bytes:

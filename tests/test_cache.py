@@ -430,3 +430,48 @@ def test_pieces_are_dropped_with_their_file_and_counted_and_evicted_by_their_siz
     assert c.nbytes == 5 and c.chunks("f") is None
     c.store_chunk("h", 0, b"z", version=1, size=9, term=10.0, sent_at=0.0, start=4)
     assert c.drop("h") and c.chunks("h") is None and c.nbytes == 5
+
+
+# ---------------------------------------------------------------- scans
+def test_a_scan_keeps_the_chunks_of_a_file_of_at_most_a_quarter_of_the_bound() -> None:
+    c = cache(max_bytes=40)
+    assert c.keeps_scan(10) and not c.keeps_scan(11)  # 40 // SCAN_SHARE
+    for index in range(2):
+        c.store_chunk(
+            "small", index, b"s" * 5, version=1, size=10, term=10.0, sent_at=0.0, scan=True
+        )
+    assert chunk(c, "small", 1, 1.0) == b"s" * 5 and c.nbytes == 10
+    for index in range(3):
+        stored = c.store_chunk(
+            "big", index, b"b" * 4, version=1, size=11, term=10.0, sent_at=0.0, scan=True
+        )
+        assert stored == []
+    assert "big" not in c and c.chunks("big") is None and c.nbytes == 10
+
+
+def test_a_scan_of_a_file_larger_than_the_bound_evicts_nothing() -> None:
+    c = cache(max_bytes=16)
+    c.store("other", b"o" * 8, 1, 10.0, 0.0)
+    for index in range(100):  # 100 chunks of 4 bytes through a 16-byte cache
+        stored = c.store_chunk(
+            "huge", index, b"h" * 4, version=1, size=400, term=10.0, sent_at=0.0, scan=True
+        )
+        assert stored == []
+    assert hit(c, "other", 1.0) == b"o" * 8
+    assert (c.nbytes, c.evictions, len(c)) == (8, 0, 1)
+
+
+def test_a_scan_reads_but_leaves_the_chunks_a_ranged_read_cached() -> None:
+    c = cache(max_bytes=16)
+    c.store_chunk("big", 2, b"rr", version=5, size=400, term=10.0, sent_at=0.0, start=1)
+    c.store_chunk("big", 2, b"scan", version=5, size=400, term=20.0, sent_at=0.0, scan=True)
+    assert piece(c, "big", 2, 1.0, 1, 3) == b"rr"  # the same version: kept as it was
+    assert c.chunks("big") == Chunks(version=5, size=400, expiry=10.0 - SKEW, indices={2})
+    c.store_chunk("big", 3, b"newr", version=6, size=400, term=10.0, sent_at=0.0, scan=True)
+    assert "big" not in c and c.nbytes == 0  # a newer version: the old copy goes
+
+
+def test_reads_that_are_not_scans_keep_the_chunks_of_any_file_under_the_bound() -> None:
+    c = cache(max_bytes=16)
+    assert c.store_chunk("big", 7, b"r" * 4, version=1, size=400, term=10.0, sent_at=0.0) == []
+    assert chunk(c, "big", 7, 1.0) == b"r" * 4 and c.nbytes == 4

@@ -52,6 +52,10 @@ def test_mv_prints_the_new_version_and_moves_the_name(served):  # noqa: F811
     assert fscache_command("ls", served).stdout.decode().split() == ["b", "d/"]
     missing = fscache_command("mv", served, "d/a", "c")
     assert missing.returncode == 1 and b"NotFound" in missing.stderr
+    assert b"cannot rename 'd/a' to 'c': 'd/a' does not exist" in missing.stderr
+    no_dir = fscache_command("mv", served, "b", "no_such_dir/b")
+    assert no_dir.returncode == 1 and b"NotFound" in no_dir.stderr
+    assert b"the destination's directory 'no_such_dir' does not exist" in no_dir.stderr
     assert fscache_command("rmdir", served, "d").returncode == 0
     assert fscache_command("ls", served).stdout.decode().split() == ["b"]
 
@@ -63,6 +67,16 @@ def test_mkdir_and_rmdir_refusals_are_one_clear_line(served):  # noqa: F811
     assert fscache_command("write", served, "d/f", "-", stdin=b"").returncode == 0
     not_empty = fscache_command("rmdir", served, "d")
     assert not_empty.returncode == 1 and b"NotEmpty" in not_empty.stderr
+
+
+def test_write_of_a_big_file_makes_its_missing_directories(served, tmp_path):  # noqa: F811
+    source = tmp_path / "big.bin"
+    source.write_bytes(os.urandom(MIB) * 2 + b"tail")  # over one chunk: an upload
+    written = fscache_command("write", served, "newdirC/f", str(source))
+    assert written.returncode == 0, written.stderr
+    assert int(written.stdout) > 0
+    assert fscache_command("read", served, "newdirC/f").stdout == source.read_bytes()
+    assert fscache_command("ls", served).stdout.decode().split() == ["newdirC/"]
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")

@@ -14,6 +14,7 @@ import tracemalloc
 
 import pytest
 import trio
+import trio.testing
 
 import fscache
 from fscache import protocol as p
@@ -180,6 +181,45 @@ async def test_an_expired_chunk_is_revalidated_with_its_version(nursery, autojum
         await trio.sleep(2.0)
         assert await c.read("f", offset=2, length=3) == data[2:5]
         assert c.stats["not_modified"] == 1
+
+
+async def test_read_into_keeps_no_chunk_of_a_file_over_a_quarter_of_the_cache(cluster):
+    big, small = blob(3 * C + 5), blob(2 * C, seed=1)
+    async with cluster.client("w") as w, cluster.client("r", cache_bytes=8 * C) as r:
+        await w.write("big.bin", big)
+        await w.write("small.bin", small)  # 2 MiB: a quarter of r's bound
+        await w.write("other", b"kept")
+        assert await r.read("other") == b"kept"
+        out = io.BytesIO()
+        assert await r.read_into("big.bin", out) == len(big) and out.getvalue() == big
+        assert "big.bin" not in r.cache and r.cache.nbytes == 4  # nothing kept, nothing evicted
+        assert await r.read("other") == b"kept" and r.stats["evictions"] == 0
+        await trio.testing.wait_all_tasks_blocked()  # the relinquisher gave the lease back
+        approvals = r.stats["approvals"]
+        await w.write("big.bin", big[::-1])
+        assert r.stats["approvals"] == approvals  # r held no lease on it: not asked
+        out = io.BytesIO()
+        assert await r.read_into("small.bin", out) == len(small) and out.getvalue() == small
+        range_reads = cluster.service.counters.range_reads
+        assert await r.read("small.bin") == small  # a small file is kept: every chunk a hit
+        assert cluster.service.counters.range_reads == range_reads
+        part = await r.read("big.bin", offset=C + 7, length=100)  # ranged reads keep chunks
+        assert part == big[::-1][C + 7 : C + 107]
+        assert await r.read("big.bin", offset=C + 7, length=100) == part
+        assert cluster.service.counters.range_reads == range_reads + 1
+
+
+# ---------------------------------------------------------------- uploads
+async def test_an_upload_into_a_new_directory_makes_it_and_breaks_the_roots_listing(cluster):
+    data = blob(2 * C)
+    async with cluster.client("w") as w, cluster.client("r") as r:
+        assert await r.scandir("") == []
+        assert "/" in r.cache  # r holds the root's listing under a lease
+        version = await w.write("newdirB/sub/f", data)  # over one chunk: an upload
+        assert "/" not in r.cache  # r was asked to approve before the root gained newdirB
+        assert [e.name for e in await r.scandir("")] == ["newdirB"]
+        assert await r.read("newdirB/sub/f") == data
+        assert (await r.stat("newdirB/sub/f")).version == version
 
 
 # ---------------------------------------------------------------- streams
@@ -370,6 +410,33 @@ async def test_scandir_is_cached_and_another_clients_create_drops_it(cluster):
         assert [(e.name, e.size) for e in await r.scandir("d")] == [("one", 1), ("two", 2)]
         await w.mkdir("d/sub")
         assert await r.listdir("d") == ["one", "sub/", "two"]
+
+
+async def test_listdir_is_cached_under_the_directorys_lease(cluster):
+    async with cluster.client("w") as w, cluster.client("r") as r:
+        await w.mkdir("d")
+        await w.write("d/one", b"1")
+        await w.mkdir("d/sub")
+        counters = cluster.service.counters
+        messages, hits, misses = counters.messages_in, r.stats["hits"], r.stats["misses"]
+        for _ in range(100):
+            assert await r.listdir("d") == ["one", "sub/"]
+        assert counters.messages_in == messages + 1  # one scandir, then hits
+        assert (r.stats["hits"], r.stats["misses"]) == (hits + 99, misses + 1)
+        assert await r.scandir("d") == [  # the same cached listing
+            fscache.DirEntry("one", False, 1, (await w.stat("d/one")).version),
+            fscache.DirEntry("sub", True, 0, (await w.stat("d/sub")).version),
+        ]
+        await w.write("d/two", b"22")  # a create: r is asked to drop its listing first
+        assert await r.listdir("d") == ["one", "sub/", "two"]
+        await w.rename("d/one", "d/zero")
+        assert await r.listdir("d") == ["sub/", "two", "zero"]
+        await w.delete("d/two")
+        assert await r.listdir("d") == ["sub/", "zero"]
+        with pytest.raises(fscache.IsADirectory, match="it is a file"):
+            await r.listdir("d/zero")
+        with pytest.raises(fscache.NotFound):
+            await r.listdir("absent")
 
 
 async def test_the_writers_own_listing_is_dropped_by_its_create(cluster):

@@ -307,8 +307,22 @@ async def test_copy_and_move_files_and_trees(address):
         assert fs.ls("flat", detail=False) == ["flat/copy", "flat/s"]
         fs.mv(["flat/copy/a", "flat/s/b"], ["x", "y"])
         assert fs.cat(["x", "y"]) == {"x": b"a", "y": b"b"}
-        with pytest.raises(FileNotFoundError):
+        with pytest.raises(FileNotFoundError) as caught:
             fs.mv("x", "no/parent/x")  # as rename(2): the parent must exist
+        assert (caught.value.filename, caught.value.filename2) == ("x", "no/parent/x")
+        assert caught.value.strerror == (
+            "cannot rename 'x' to 'no/parent/x': the destination's directory 'no/parent'"
+            " does not exist"
+        )
+        fs.makedirs("p1/empty")
+        fs.pipe_file("p1/full/f", b"f")
+        with pytest.raises(OSError) as refused:
+            fs.mv(["p1/empty"], ["p1/full"])  # pairs: each source renamed to its target
+        assert refused.value.errno == errno.ENOTEMPTY
+        assert (refused.value.filename, refused.value.filename2) == ("p1/empty", "p1/full")
+        assert refused.value.strerror == (
+            "cannot rename 'p1/empty' to 'p1/full': 'p1/full' is a directory that is not empty"
+        )
         with pytest.raises(FileNotFoundError):
             fs.mv("absent", "elsewhere")
 

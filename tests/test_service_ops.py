@@ -113,15 +113,22 @@ async def test_rename_errors_are_posix_ones(cluster, autojump_clock):
     await put(peer, "d/inside", b"y")
     await put(peer, "full/inside", b"z")
     cases = [
-        (p.Rename(id=1, src="missing", dst="g"), "not_found"),
-        (p.Rename(id=2, src="f", dst="d"), "is_a_directory"),
-        (p.Rename(id=3, src="d", dst="f"), "not_a_directory"),
-        (p.Rename(id=4, src="d", dst="full"), "not_empty"),
-        (p.Rename(id=5, src="d", dst="d/below"), "bad_path"),
+        (p.Rename(id=1, src="missing", dst="g"), "not_found", "'missing' does not exist"),
+        (p.Rename(id=2, src="f", dst="d"), "is_a_directory", "'d' is a directory"),
+        (p.Rename(id=3, src="d", dst="f"), "not_a_directory", "'f' is a file"),
+        (p.Rename(id=4, src="d", dst="full"), "not_empty", "'full' is a directory that is not"),
+        (p.Rename(id=5, src="d", dst="d/below"), "bad_path", "cannot go inside itself"),
+        (
+            p.Rename(id=6, src="f", dst="no_such_dir/dst"),
+            "not_found",
+            "the destination's directory 'no_such_dir' does not exist",
+        ),
     ]
-    for message, code in cases:
+    for message, code, reason in cases:
         reply = await ask(peer, message)
         assert isinstance(reply, p.Error) and (reply.id, reply.code) == (message.id, code)
+        assert reply.message.startswith(f"cannot rename {message.src!r} to {message.dst!r}: ")
+        assert reason in reply.message
 
 
 # ---------------------------------------------------------------- directories
@@ -382,6 +389,21 @@ async def test_an_upload_commit_against_a_silent_reader_waits_out_its_lease(
     read = await writer.read("f", request_id=201)
     assert isinstance(read, p.Data) and read.data == b"new contents"
     assert read.version == reply.version
+    assert temp_files(root) == []
+
+
+async def test_an_upload_that_makes_directories_waits_for_the_listings_they_join(
+    cluster, root, autojump_clock
+):
+    writer = await cluster.raw("writer")
+    silent = await cluster.raw("silent")
+    granted_at = trio.current_time()
+    assert isinstance(await ask(silent, p.ScanDir(id=1, path="")), p.Entries)
+    await upload(writer, "new/dirs/f", [b"x" * CHUNK_SIZE, b"y"])
+    reply = await ask(writer, p.UploadCommit(id=200, upload=100))
+    assert isinstance(reply, p.Written)
+    assert trio.current_time() == at(granted_at + TERM + SKEW)  # the root gains "new"
+    assert (root / "new" / "dirs" / "f").stat().st_size == CHUNK_SIZE + 1
     assert temp_files(root) == []
 
 

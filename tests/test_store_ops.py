@@ -27,6 +27,7 @@ from fscache.errors import (
     FscacheError,
     IsADirectory,
     NotADirectory,
+    NotDurable,
     NotEmpty,
     NotFound,
     ProtocolError,
@@ -165,17 +166,56 @@ def test_upload_commit_compare_and_set(store: Store, root: Path) -> None:
     assert store.upload_commit(upload, if_version=0) > 0  # 0: must not exist yet
 
 
-def test_upload_refuses_directories_and_missing_parents(store: Store, root: Path) -> None:
+def test_upload_refuses_directories(store: Store, root: Path) -> None:
     (root / "d").mkdir()
     with pytest.raises(IsADirectory):
         store.upload_begin("d")
-    with pytest.raises(NotFound):
-        store.upload_begin("nodir/f")
     upload = store.upload_begin("later")
     (root / "later").mkdir()  # a directory appears before the commit
     with pytest.raises(IsADirectory):
         store.upload_commit(upload)
     assert temp_files(root) == []
+
+
+def test_an_upload_into_missing_directories_makes_them_as_a_write_does(
+    store: Store, root: Path
+) -> None:
+    upload = store.upload_begin("newdir/sub/f")
+    (temp,) = temp_files(root)
+    assert os.path.dirname(temp) == str(root)  # in the root until its directory exists
+    store.upload_part(upload, 0, b"a" * MAX)
+    store.upload_part(upload, MAX, b"b")
+    assert store.listdir("") == []  # nothing visible before the commit
+    store.upload_sync(upload)
+    version = store.upload_commit(upload)
+    assert store.read_range("newdir/sub/f", MAX - 1, 2) == (version, MAX + 1, b"ab")
+    assert store.listdir("") == ["newdir/"] and store.listdir("newdir") == ["sub/"]
+    assert temp_files(root) == [] and upload.closed
+
+
+def test_an_upload_below_a_file_fails_at_commit_as_a_write_does(store: Store, root: Path) -> None:
+    old = store.write("f", b"a file")
+    upload = store.upload_begin("f/below")
+    store.upload_part(upload, 0, b"x")
+    with pytest.raises(IsADirectory, match="parent directories is a file"):
+        store.upload_commit(upload)
+    with pytest.raises(IsADirectory, match="parent directories is a file"):
+        store.write("f/below", b"x")
+    assert store.read("f") == (old, b"a file")
+    assert temp_files(root) == [] and upload.closed
+
+
+def test_an_upload_commit_into_a_new_directory_fsyncs_it_and_both_parents(
+    store: Store, calls: list[str]
+) -> None:
+    upload = store.upload_begin("d/f")  # the temp file is in the root
+    store.upload_part(upload, 0, b"x")
+    store.upload_sync(upload)
+    calls.clear()
+    store.upload_commit(upload)
+    # the new directory and the root that gained it; the file's inode; the rename;
+    # the directory that gained the file, and the root that lost the temp file
+    assert calls == ["fsync:dir", "fsync:dir", "fsync:file", "rename", "fsync:dir", "fsync:dir"]
 
 
 def test_upload_abort_and_recover_remove_the_temp_file(store: Store, root: Path) -> None:
@@ -189,6 +229,16 @@ def test_upload_abort_and_recover_remove_the_temp_file(store: Store, root: Path)
     assert len(temp_files(root)) == 1
     assert Store(root, max_file_size=MAX).recover() == 0  # the new store recovered on start
     assert temp_files(root) == []
+    store.upload_abort(leftover)
+
+
+def test_recover_removes_an_uploads_temp_file_left_in_the_root(store: Store, root: Path) -> None:
+    leftover = store.upload_begin("nodir/f")
+    store.upload_part(leftover, 0, b"data")  # never ended: as after a crash
+    (temp,) = temp_files(root)
+    assert os.path.dirname(temp) == str(root)
+    assert Store(root, max_file_size=MAX).recover() == 0  # the new store recovered on start
+    assert temp_files(root) == [] and store.listdir("") == []
     store.upload_abort(leftover)
 
 
@@ -325,29 +375,81 @@ def test_rename_directory_over_empty_directory(store: Store) -> None:
     assert store.facts("d") == Facts(exists=False, is_dir=False)
 
 
-def test_rename_errors(store: Store, root: Path) -> None:
+def test_rename_errors_name_both_paths_and_the_one_at_fault(store: Store, root: Path) -> None:
     store.write("f", b"x")
     store.write("g", b"y")
     store.mkdir("d")
     store.mkdir("full")
     store.write("full/x", b"")
-    cases: list[tuple[str, str, type[FscacheError]]] = [
-        ("f", "d", IsADirectory),
-        ("d", "f", NotADirectory),
-        ("d", "full", NotEmpty),
-        ("missing", "x", NotFound),
-        ("f", "nodir/x", NotFound),
-        ("d", "d/sub", BadPath),
-        ("", "x", BadPath),
-        ("f", "", BadPath),
-        ("f", ".fscache-tmp-x", BadPath),
-        (".fscache", "x", BadPath),
+    os.symlink("d", root / "link")
+    plain = "is not a plain path below the root, or has a reserved name"
+    cases: list[tuple[str, str, type[FscacheError], str]] = [
+        ("f", "d", IsADirectory, "'f' is a file and 'd' is a directory"),
+        ("d", "f", NotADirectory, "'d' is a directory and 'f' is a file"),
+        ("d", "full", NotEmpty, "'full' is a directory that is not empty"),
+        ("missing", "x", NotFound, "'missing' does not exist"),
+        ("nodir/f", "x", NotFound, "the source's directory 'nodir' does not exist"),
+        ("f", "nodir/x", NotFound, "the destination's directory 'nodir' does not exist"),
+        ("g/x", "y", NotFound, "the source's directory 'g' is not a directory"),
+        ("g", "f/x", NotFound, "the destination's directory 'f' is not a directory"),
+        ("d", "d/sub", BadPath, "a directory cannot go inside itself"),
+        ("", "x", BadPath, "the source is the root"),
+        ("f", "", BadPath, "the destination is the root"),
+        ("f", ".fscache-tmp-x", BadPath, f"the destination {plain}"),
+        (".fscache", "x", BadPath, f"the source {plain}"),
+        ("link", "x", BadPath, "'link' is a symlink, which the store never follows"),
+        ("f", "link/x", BadPath, "the destination's directory 'link' is or passes through"),
     ]
-    for src, dst, error in cases:
-        with pytest.raises(error):
+    for src, dst, error, reason in cases:
+        with pytest.raises(error) as caught:
             store.rename(src, dst)
+        assert type(caught.value) is error
+        assert str(caught.value).startswith(f"cannot rename {src!r} to {dst!r}: {reason}")
     assert store.read("f")[1] == b"x" and store.read("g")[1] == b"y"
     assert store.listdir("") == ["d/", "f", "full/", "g"]
+
+
+@pytest.mark.parametrize(
+    ("code", "error", "reason"),
+    [
+        (errno.ENOTEMPTY, NotEmpty, "'b' is a directory that is not empty"),
+        (errno.EEXIST, Exists, "'b' is a directory that is not empty"),
+        (errno.EISDIR, IsADirectory, "'b' is a directory and 'a' is not"),
+        (errno.ENOTDIR, NotADirectory, "'a' is a directory and 'b' is not"),
+        (errno.ENOENT, NotFound, "'a', or the directory of 'b', is gone"),
+        (errno.EIO, FscacheError, "the store's disk failed (I/O error)"),
+    ],
+)
+def test_an_error_of_the_rename_call_itself_names_both_paths(
+    store: Store, monkeypatch: pytest.MonkeyPatch, code: int, error: type[FscacheError], reason: str
+) -> None:
+    """What another program racing the store could make ``rename(2)`` say."""
+    store.write("a", b"A")
+
+    def failing(*args: Any, **kwargs: Any) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "rename", failing)
+    with pytest.raises(error) as caught:
+        store.rename("a", "b")
+    assert type(caught.value) is error
+    assert str(caught.value) == f"cannot rename 'a' to 'b': {reason}"
+
+
+def test_a_rename_that_may_not_be_durable_names_both_paths(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.write("a", b"A")
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(NotDurable) as caught:
+        store.rename("a", "b")
+    assert str(caught.value).startswith("cannot rename 'a' to 'b': the store's disk failed")
+    monkeypatch.undo()
+    assert store.read("b")[1] == b"A"
 
 
 def test_rename_onto_itself_changes_nothing(store: Store) -> None:
