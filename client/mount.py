@@ -121,8 +121,21 @@ Not supported, on purpose
   is not used: the open is where the kernel is told to keep or drop its pages
   (``keep_cache`` only on a leased version), and without it the kernel keeps them.
 - Concurrent writers through different mounts: the last upload wins; ranged
-  writes interleave range by range. A new file is visible, empty, from ``create``
-  until its first close.
+  writes interleave range by range. ``O_APPEND`` is atomic within one mount only:
+  appends through two mounts at once can land on the same offset and overwrite
+  each other (as on NFS). A new file is visible, empty, from ``create`` until its
+  first close.
+- Locks (``fcntl``, ``flock``) are the kernel's, local to one mount: writers that
+  coordinate through them (sqlite with writers on two mounts at once) must write
+  through one mount, or coordinate with fscache's own locks.
+- A file open here that another client rewrites or replaces is read as the
+  server has it from then on (its pages went before the approval): a sequence of
+  ``read`` calls that spans the change can return part of each version, as on
+  NFS. One kernel READ, a library ``read``, and an ``open`` after the change each
+  see one version whole; the rename or unlink of an open file *here* keeps its
+  old contents (above).
+- ``statfs`` counts no blocks and no files (``df`` shows 0): the mount does not
+  know the server's disk.
 - While the server is unreachable, calls that need it answer EIO.
 """
 
