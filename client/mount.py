@@ -813,8 +813,8 @@ class FscacheOperations:
         :meth:`_invalidate` this takes no lock in the kernel, so a handler may call it
         while the kernel holds the file or its directory for the request being
         answered (a rename, a truncate, a write): dropping a name would wait for the
-        directory's lock, and dropping pages for a page the write holds, forever.
-        The pages the kernel keeps are the ones just written."""
+        directory's lock, which a rename holds until this very handler answers. The
+        pages the kernel keeps are the ones just written."""
         self._paged.pop(inode, None)
 
         def forget() -> None:
