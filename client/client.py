@@ -1345,7 +1345,7 @@ class Client:
             elif isinstance(sent, p.ReadRange):
                 self._cache.extend(path, reply.version, reply.term, request.sent_at)
             elif isinstance(sent, p.ScanDir):
-                self._cache.store_listing(
+                evicted = self._cache.store_listing(
                     path, request.entries, reply.version, reply.term, request.sent_at
                 )
             else:
@@ -1356,7 +1356,9 @@ class Client:
             whole = not reply.more and request.earlier_version in (None, reply.version)
             if may_cache and whole:
                 entries = request.earlier + _dir_entries(reply)
-                self._cache.store_listing(path, entries, reply.version, reply.term, request.sent_at)
+                evicted = self._cache.store_listing(
+                    path, entries, reply.version, reply.term, request.sent_at
+                )
         elif isinstance(reply, p.Written) and isinstance(sent, p.Write):
             if may_cache:
                 evicted = self._cache.store(

@@ -63,8 +63,16 @@ lease.
 
 A directory's listing is cached under the directory's key (its path and ``/``,
 as :mod:`fscache.names` spells it) with the same expiry rule, and is dropped by
-the same :meth:`LeaseCache.drop` of that key. Listings are small and not counted
-against the byte bound.
+the same :meth:`LeaseCache.drop` of that key. Listings have a byte budget of their
+own, apart from the data's: ``max(max_bytes, MIN_LISTING_BYTES)``, each name
+counted at ``LISTING_NAME_BYTES`` (about what its entry holds in memory). A
+listing stays after its lease runs out, for its version to revalidate it; past
+the budget the oldest stored go first, and :meth:`LeaseCache.store_listing`
+returns their keys so that their leases are given back. A listing over the whole
+budget is not kept. The floor keeps the listings of a client with a small data
+bound (the mount's, whose pages the kernel holds; the command line's, none):
+the kernel does not cache listings, and a big directory listed again would be
+read again in full.
 
 No I/O and no clock here: ``now`` is always an argument.
 """
@@ -78,6 +86,9 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 SCAN_SHARE = 4
 """A scan keeps the chunks of files of at most ``max_bytes // SCAN_SHARE`` bytes (see
 Scans in the theory note)."""
+LISTING_NAME_BYTES = 200  # one name of a cached listing (tracemalloc: about 208 for a
+# 15-character name with its entry, size and version)
+MIN_LISTING_BYTES = 64 * 1024 * 1024  # the listings' budget is never less than this
 _CHUNK_MARK = "\0"  # between a path and a chunk index in a chunk's key
 
 
@@ -134,7 +145,8 @@ class LeaseCache:
         self.entries: OrderedDict[str, Entry] = OrderedDict()  # oldest stored first
         self._used: set[str] = set()  # looked up since the eviction hand passed them
         self.files: dict[str, Chunks] = {}  # files cached by chunks
-        self.listings: dict[str, Listing] = {}  # by directory key
+        self.listings: dict[str, Listing] = {}  # by directory key, oldest stored first
+        self.listing_bytes = 0  # the listings' names, at LISTING_NAME_BYTES each
         self.nbytes = 0
         self.evictions = 0
 
@@ -214,7 +226,7 @@ class LeaseCache:
         if self.files and path in self.files:
             self._drop_chunks(path)
             dropped = True
-        if self.listings and self.listings.pop(path, None) is not None:
+        if self.listings and self._drop_listing(path):
             dropped = True
         return dropped
 
@@ -351,16 +363,38 @@ class LeaseCache:
 
     def store_listing(
         self, key: str, entries: tuple[DirEntry, ...], version: int, term: float, sent_at: float
-    ) -> None:
-        """Cache the listing of directory ``key`` under a lease of ``term``."""
+    ) -> list[str]:
+        """Cache the listing of directory ``key`` under a lease of ``term``. Returns the
+        keys of the listings dropped to keep within the budget (relinquish them),
+        ``key`` itself if its listing is over the whole budget."""
         old = self.listings.get(key)
         if old is not None and old.version > version:
-            return
+            return []
         expiry = self._expiry(term, sent_at)
         if expiry <= sent_at:
-            self.listings.pop(key, None)
-            return
+            self._drop_listing(key)
+            return []
+        size = len(entries) * LISTING_NAME_BYTES
+        budget = max(self.max_bytes, MIN_LISTING_BYTES)
+        if size > budget:
+            self._drop_listing(key)
+            return [key]
+        self._drop_listing(key)  # (stored again below: it becomes the newest)
         self.listings[key] = Listing(entries, version, expiry)
+        self.listing_bytes += size
+        evicted = []
+        while self.listing_bytes > budget:
+            oldest = next(iter(self.listings))
+            self._drop_listing(oldest)
+            evicted.append(oldest)
+        return evicted
+
+    def _drop_listing(self, key: str) -> bool:
+        listing = self.listings.pop(key, None)
+        if listing is None:
+            return False
+        self.listing_bytes -= len(listing.entries) * LISTING_NAME_BYTES
+        return True
 
     def _expiry(self, term: float, sent_at: float) -> float:
         return sent_at + term - self.skew

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from fscache.cache import Chunks, DirEntry, LeaseCache
+from fscache import cache as cache_module
+from fscache.cache import LISTING_NAME_BYTES, Chunks, DirEntry, LeaseCache
 
 SKEW = 0.1
 
@@ -365,6 +366,34 @@ def test_a_listing_is_trusted_until_its_lease_runs_out_and_dropped_by_its_key() 
     c.store_listing("docs/", entries, 4, 10.0, 50.0)
     assert c.drop("docs/") and c.get_listing("docs/") is None
     assert c.nbytes == 0  # listings are outside the byte bound
+
+
+def names(n: int) -> tuple[DirEntry, ...]:
+    return tuple(DirEntry(f"n{i}", False, 0, 1) for i in range(n))
+
+
+def test_listings_have_a_budget_of_their_own_and_the_oldest_go_first(monkeypatch) -> None:
+    monkeypatch.setattr(cache_module, "MIN_LISTING_BYTES", 0)
+    c = cache(max_bytes=5 * LISTING_NAME_BYTES)
+    assert c.store_listing("a/", names(2), 1, 10.0, 0.0) == []
+    assert c.store_listing("b/", names(2), 1, 10.0, 0.0) == []
+    assert c.listing_bytes == 4 * LISTING_NAME_BYTES and c.nbytes == 0
+    assert c.store_listing("a/", names(2), 2, 10.0, 0.0) == []  # stored again: the newest
+    assert c.store_listing("c/", names(2), 1, 10.0, 0.0) == ["b/"]  # the oldest, given back
+    assert list(c.listings) == ["a/", "c/"] and c.listing_bytes == 4 * LISTING_NAME_BYTES
+    assert c.store_listing("big/", names(6), 1, 10.0, 0.0) == ["big/"]  # over all of it
+    assert c.get_listing("big/") is None and list(c.listings) == ["a/", "c/"]
+    assert c.store_listing("d/", names(5), 1, 10.0, 0.0) == ["a/", "c/"]
+    assert c.drop("d/") and c.listing_bytes == 0 and not c.listings
+    assert c.store_listing("e/", names(1), 1, 0.05, 0.0) == []  # a term under the skew
+    assert c.listing_bytes == 0 and not c.listings
+
+
+def test_the_listings_budget_is_never_below_its_floor() -> None:
+    c = cache(max_bytes=0)  # no data cached, as the command line's client
+    assert c.store_listing("a/", names(1000), 1, 10.0, 0.0) == []
+    assert c.lookup_listing("a/", 1.0) is not None
+    assert c.listing_bytes == 1000 * LISTING_NAME_BYTES
 
 
 def test_drop_beneath_forgets_everything_below_a_directory_key() -> None:

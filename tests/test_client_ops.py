@@ -439,6 +439,27 @@ async def test_listdir_is_cached_under_the_directorys_lease(cluster):
             await r.listdir("absent")
 
 
+async def test_listings_past_the_budget_are_dropped_and_their_leases_given_back(
+    cluster, monkeypatch
+):
+    monkeypatch.setattr(fscache.cache, "MIN_LISTING_BYTES", 0)
+    async with (
+        cluster.client("w") as w,
+        cluster.client("r", cache_bytes=3 * fscache.cache.LISTING_NAME_BYTES) as r,
+    ):
+        for d in "abcd":
+            await w.write(f"{d}/one", b"1")
+        for d in "abcd":  # a name each: three fit
+            assert await r.listdir(d) == ["one"]
+        assert list(r.cache.listings) == ["b/", "c/", "d/"]
+        await trio.sleep(1)  # the relinquisher gives a/ back
+        await w.write("a/two", b"2")  # a create in a/: no one holds its listing now
+        assert r.stats["approvals"] == 0
+        await w.write("d/two", b"2")  # d/ is still r's: r is asked to approve
+        assert r.stats["approvals"] == 1
+        assert await r.listdir("a") == ["one", "two"]
+
+
 async def test_the_writers_own_listing_is_dropped_by_its_create(cluster):
     async with cluster.client("w") as w:
         assert await w.scandir() == []
