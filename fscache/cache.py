@@ -370,16 +370,14 @@ class LeaseCache:
         old = self.listings.get(key)
         if old is not None and old.version > version:
             return []
+        self._drop_listing(key)  # stored again below, if at all: it becomes the newest
         expiry = self._expiry(term, sent_at)
         if expiry <= sent_at:
-            self._drop_listing(key)
             return []
         size = len(entries) * LISTING_NAME_BYTES
         budget = max(self.max_bytes, MIN_LISTING_BYTES)
         if size > budget:
-            self._drop_listing(key)
             return [key]
-        self._drop_listing(key)  # (stored again below: it becomes the newest)
         self.listings[key] = Listing(entries, version, expiry)
         self.listing_bytes += size
         evicted = []
