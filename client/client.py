@@ -63,7 +63,7 @@ import ssl
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from functools import partial
 from types import TracebackType
 from typing import IO, Any, TypeVar
@@ -71,7 +71,7 @@ from typing import IO, Any, TypeVar
 import trio
 
 from fscache import protocol as p
-from fscache.cache import DEFAULT_MAX_BYTES, DirEntry, LeaseCache
+from fscache.cache import DEFAULT_MAX_BYTES, DirEntry, LeaseCache, dir_entries
 from fscache.client import locks
 from fscache.client.watch import Change, watch
 from fscache.errors import (
@@ -183,8 +183,9 @@ class _Request:
     data: bytes = b""  # ... and the cached data of that version
     entries: tuple[DirEntry, ...] = ()  # (a revalidating scandir: the cached listing)
     # A later page of a listing: the entries of the pages before it, and their version.
-    earlier: tuple[DirEntry, ...] = ()
+    earlier: Sequence[DirEntry] = ()
     earlier_version: int | None = None
+    page: tuple[DirEntry, ...] = ()  # an Entries reply's rows, made once by the reader
     size: int = 0  # (a revalidating chunk read: the file's size at that version)
     scan: bool = False  # a chunk read by a streaming copy (see the cache's Scans)
     id: int = 0
@@ -705,7 +706,7 @@ class Client:
         directory changed between pages). The whole listing is cached as the reader
         handles its last page, so an approval request read after it drops it."""
         cached = self._cache.get_listing(key)
-        earlier: tuple[DirEntry, ...] = ()
+        earlier: list[DirEntry] = []
         version: int | None = None
         after: str | None = None
         while True:
@@ -721,9 +722,10 @@ class Client:
                 return request.entries  # not modified: the cached listing is current
             if version is not None and reply.version != version:
                 return None
-            version, earlier = reply.version, earlier + _dir_entries(reply)
+            version = reply.version
+            earlier += request.page
             if not reply.more:
-                return earlier
+                return tuple(earlier)
             if not reply.names:  # its entries vanished as it was read: the directory changed
                 return None
             after = reply.names[-1]
@@ -1353,9 +1355,10 @@ class Client:
                     request.path, request.data, reply.version, reply.term, request.sent_at
                 )
         elif type(reply) is p.Entries:
+            request.page = dir_entries(reply.names, reply.dirs, reply.sizes, reply.versions)
             whole = not reply.more and request.earlier_version in (None, reply.version)
             if may_cache and whole:
-                entries = request.earlier + _dir_entries(reply)
+                entries = (*request.earlier, *request.page)
                 evicted = self._cache.store_listing(
                     path, entries, reply.version, reply.term, request.sent_at
                 )
@@ -1613,15 +1616,6 @@ def _cut(data: bytes, offset: int, length: int | None) -> bytes:
 def _with_parent(path: str) -> tuple[str, str]:
     """A file's key and its directory's (a write may create the name, a delete removes it)."""
     return path, dir_key(parent(path))
-
-
-def _dir_entries(reply: p.Entries) -> tuple[DirEntry, ...]:
-    return tuple(
-        DirEntry(name, is_dir, size, version)
-        for name, is_dir, size, version in zip(
-            reply.names, reply.dirs, reply.sizes, reply.versions, strict=True
-        )
-    )
 
 
 def _parts(data: Source) -> Callable[[], Awaitable[bytes]]:

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from fscache import cache as cache_module
-from fscache.cache import LISTING_NAME_BYTES, Chunks, DirEntry, LeaseCache
+from fscache.cache import LISTING_NAME_BYTES, Chunks, DirEntry, LeaseCache, dir_entries
 
 SKEW = 0.1
 
@@ -504,3 +504,12 @@ def test_reads_that_are_not_scans_keep_the_chunks_of_any_file_under_the_bound() 
     c = cache(max_bytes=16)
     assert c.store_chunk("big", 7, b"r" * 4, version=1, size=400, term=10.0, sent_at=0.0) == []
     assert chunk(c, "big", 7, 1.0) == b"r" * 4 and c.nbytes == 4
+
+
+def test_a_listings_rows_are_made_from_its_columns() -> None:
+    rows = dir_entries(["a", "b"], [False, True], [3, 0], [10, 11])
+
+    assert rows == (DirEntry("a", False, 3, 10), DirEntry("b", True, 0, 11))
+    assert dir_entries([], [], [], []) == ()
+    with pytest.raises(ValueError, match="differ in length"):
+        dir_entries(["a"], [False], [3], [])

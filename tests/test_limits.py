@@ -354,6 +354,21 @@ def test_tag_bytes_inside_strings_are_data_and_a_big_frame_decodes():
         p.data_frame(7, 1_700_000_000_000_000_000, 10.0, b"x" * 100),
         p.encode(p.NotModified(id=7, version=1_700_000_000_000_000_000, term=10.0)),
         p.encode(p.Written(id=7, version=1_700_000_000_000_000_000, term=10.0)),
+        *(
+            p.encode(
+                p.Entries(
+                    id=7,
+                    version=1_700_000_000_000_000_000,
+                    term=10.0,
+                    names=[f"n{i:05}" for i in range(4096)],
+                    dirs=[i % 7 == 0 for i in range(4096)],
+                    sizes=[i * 1000 for i in range(4096)],
+                    versions=[1_700_000_000_000_000_000 + i for i in range(4096)],
+                    more=more,
+                )
+            )
+            for more in (True, False)
+        ),  # a listing's pages, the one with more after it and the last
     ],
 )
 def test_the_read_path_decodes_without_the_tag_scan(monkeypatch, frame):

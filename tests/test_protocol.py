@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import datetime
 import decimal
+import functools
 import pathlib
 import struct
 import types
@@ -35,6 +36,7 @@ from fscache.protocol import (
     Approve,
     Data,
     Done,
+    Entries,
     Error,
     Extend,
     Extended,
@@ -90,9 +92,30 @@ def strategy_for(annotation: Any) -> st.SearchStrategy[Any]:
 
 
 def messages_of(cls: type[Message]) -> st.SearchStrategy[Message]:
+    if cls is Entries:
+        return entries_pages(CBOR_INTS, CBOR_INTS, FLOATS)
     hints = typing.get_type_hints(cls)
     fields = {f.name: strategy_for(hints[f.name]) for f in dataclasses.fields(cls)}
     return st.builds(cls, **fields)
+
+
+@st.composite
+def entries_pages(
+    draw: st.DrawFn,
+    ints: st.SearchStrategy[int],
+    versions: st.SearchStrategy[int],
+    terms: st.SearchStrategy[float],
+    entry_versions: st.SearchStrategy[int] | None = None,
+) -> Entries:
+    """A listing's page: its four columns have one row per name."""
+    names = draw(st.lists(st.text(), max_size=6))
+    column = functools.partial(st.lists, min_size=len(names), max_size=len(names))
+    return Entries(
+        id=draw(ints), version=draw(versions), term=draw(terms), names=names,
+        dirs=draw(column(st.booleans())), sizes=draw(column(ints)),
+        versions=draw(column(versions if entry_versions is None else entry_versions)),
+        more=draw(st.booleans()),
+    )  # fmt: skip
 
 
 ANY_MESSAGE = st.one_of([messages_of(cls) for cls in ALL_MESSAGES])
@@ -642,6 +665,30 @@ def test_the_read_path_and_the_fan_out_have_hand_written_readers() -> None:
     assert {_prefix(cls) for cls in hot} <= _PULL.keys()
 
 
+UINTS = st.integers(0, 2**64 - 1)
+
+
+@given(page=entries_pages(UINTS, VERSIONS, IN_HAND_DOMAIN[float], VERSIONS | UINTS))
+def test_a_listing_page_is_read_by_hand(page: Entries) -> None:
+    """Any page the server writes, with or without more pages after it, its versions
+    all eight bytes long (one struct call) or not: read by hand, no fallback."""
+    payload = payload_of(page)
+    reader = _PULL[payload[: len(_prefix(Entries))]]
+
+    assert payload == cbor2.dumps(body_of(page))
+    assert outcome(reader, payload) == outcome(lambda _: page, payload)
+    assert_agree(payload)
+
+
+def test_a_listing_page_with_columns_of_different_lengths_is_refused() -> None:
+    page = {"t": "entries", "id": 1, "version": 2**40, "term": 1.0, "names": ["a", "b"],
+            "dirs": [False, True], "sizes": [1, 2], "versions": [2**40]}  # fmt: skip
+
+    for payload in (cbor(page), cbor({**page, "more": True})):
+        assert outcome(decode_message, payload) == ("raised", ProtocolError)
+        assert_agree(payload)
+
+
 @pytest.mark.parametrize("cls", HAND_WRITTEN, ids=lambda cls: cls.TYPE)
 @given(data=st.data())
 def test_the_hand_written_reader_reads_back_what_its_writer_wrote(
@@ -679,7 +726,11 @@ EDITED = [
     Written(id=24, version=2**63 + 5, term=0.0),
     Error(id=None, code="not_found", message="no"),
     StatResult(id=1, version=2, size=3, is_dir=True),
-]
+    Entries(id=9, version=2**40, term=1.5, names=["a", "é" * 12], dirs=[False, True],
+            sizes=[0, 300], versions=[2**40, 2**41], more=True),
+    Entries(id=9, version=2**40, term=1.5, names=["a", "b"], dirs=[True, False],
+            sizes=[24, 2**32], versions=[5, 2**33]),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("message", EDITED, ids=lambda m: m.TYPE)
