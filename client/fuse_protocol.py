@@ -170,6 +170,7 @@ _ENTRY_HEAD = struct.Struct("=QQQQII")  # nodeid generation entry_valid attr_val
 _ATTR_HEAD = struct.Struct("=QII")  # attr_valid attr_valid_nsec dummy
 _OPEN_OUT = struct.Struct("=QII")  # fh open_flags padding
 _WRITE_OUT = struct.Struct("=II")  # size padding
+# blocks bfree bavail files ffree bsize namelen frsize (padding, spare)
 _STATFS_OUT = struct.Struct("=QQQQQIIII24x")
 _DIRENT = struct.Struct("=QQII")  # ino off namelen type
 _INVAL_INODE_OUT = struct.Struct("=Qqq")  # ino off len
@@ -703,9 +704,28 @@ def reply_write(unique: int, size: int) -> bytes:
     return _reply(unique, _WRITE_OUT.pack(size, 0))
 
 
-def reply_statfs(unique: int, *, block_size: int, name_max: int) -> bytes:
-    """STATFS of a file system that counts no blocks and no files."""
-    return _reply(unique, _STATFS_OUT.pack(0, 0, 0, 0, 0, block_size, name_max, block_size, 0))
+@dataclasses.dataclass(frozen=True, slots=True)
+class Capacity:
+    """A file system's size and room, as STATFS tells it: blocks of ``block_size``
+    bytes in all, free, and available to a process without privileges; files
+    (inodes) in all and free."""
+
+    blocks: int = 0
+    free_blocks: int = 0
+    available_blocks: int = 0
+    files: int = 0
+    free_files: int = 0
+
+
+def reply_statfs(unique: int, capacity: Capacity, *, block_size: int, name_max: int) -> bytes:
+    c = capacity
+    return _reply(
+        unique,
+        _STATFS_OUT.pack(
+            c.blocks, c.free_blocks, c.available_blocks, c.files, c.free_files,
+            block_size, name_max, block_size, 0,
+        ),
+    )  # fmt: skip
 
 
 def pack_direntplus(entries: Iterable[DirEntry], size: int) -> tuple[bytes, list[DirEntry]]:

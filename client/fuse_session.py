@@ -63,7 +63,7 @@ from typing import Any, Protocol
 import trio
 
 from fscache.client import fuse_protocol as fp
-from fscache.client.fuse_protocol import DirEntry, Entry, FuseError, Opened
+from fscache.client.fuse_protocol import Capacity, DirEntry, Entry, FuseError, Opened
 
 __all__ = ["Operations", "Session", "mounted"]
 
@@ -121,6 +121,7 @@ class Operations(Protocol):
     async def rename(
         self, parent: int, name: bytes, new_parent: int, new_name: bytes, flags: int
     ) -> None: ...
+    async def statfs(self) -> Capacity: ...
 
 
 Reply = bytes | list[bytes] | None
@@ -377,7 +378,8 @@ class Session:
 
     async def _statfs(self, r: fp.Statfs) -> Reply:
         ops = self._operations
-        return fp.reply_statfs(r.unique, block_size=ops.block_size, name_max=ops.name_max)
+        capacity = await ops.statfs()
+        return fp.reply_statfs(r.unique, capacity, block_size=ops.block_size, name_max=ops.name_max)
 
 
 # ---------------------------------------------------------------- mounting

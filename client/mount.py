@@ -134,8 +134,9 @@ Not supported, on purpose
   NFS. One kernel READ, a library ``read``, and an ``open`` after the change each
   see one version whole; the rename or unlink of an open file *here* keeps its
   old contents (above).
-- ``statfs`` counts no blocks and no files (``df`` shows 0): the mount does not
-  know the server's disk.
+- ``statfs`` (``df``) shows the file system that holds the server's root, from the
+  server's ``stats`` (asked at most once a second; while the server is away, the
+  figures it last told).
 - While the server is unreachable, calls that need it answer EIO.
 """
 
@@ -146,6 +147,7 @@ import contextlib
 import dataclasses
 import errno
 import logging
+import math
 import os
 import shutil
 import stat
@@ -162,6 +164,7 @@ from fscache.client.fuse_protocol import (
     FOPEN_NOFLUSH,
     ROOT_INODE,
     Attributes,
+    Capacity,
     DirEntry,
     Entry,
     FuseError,
@@ -202,6 +205,7 @@ MIXED = -1  # in ``_paged``: the kernel may hold pages of more than one version
 BLOCK_SIZE = 4096
 MOUNT_CACHE_BYTES = 16 << 20  # the client's cache under a mount (the kernel has the pages)
 DIRTY_BOUND = 8 << 20  # bytes written in place that are sent before the close
+CAPACITY_TTL = 1.0  # s: statfs answers with the server's disk figures at most this old
 
 
 @contextlib.contextmanager
@@ -333,6 +337,8 @@ class FscacheOperations:
         self._paged: dict[int, int] = {}  # inode: the version of the pages the kernel may hold
         self._invalidations = 0  # approval requests seen: a read spanning one is MIXED
         client.before_approval.append(self.before_approval)
+        self._capacity = Capacity()  # the server's disk, as last told
+        self._capacity_until = -math.inf  # when to ask again
         self._uid = os.getuid()
         self._gid = os.getgid()
 
@@ -594,6 +600,20 @@ class FscacheOperations:
                 await self._keep_open_contents(dst)  # a file it replaces, if open here
             await self._client.rename(src, dst)
             self._moved(src, dst)
+
+    async def statfs(self) -> Capacity:
+        """The server's disk, for ``df``: the figures of its ``stats``, asked at most
+        once per CAPACITY_TTL; while it is unreachable, the last ones it told (zeros
+        before the first)."""
+        now = trio.current_time()
+        if now >= self._capacity_until:
+            try:
+                stats = await self._client.server_stats()
+            except FscacheError:
+                return self._capacity
+            self._capacity = _capacity(stats, self.block_size)
+            self._capacity_until = now + CAPACITY_TTL
+        return self._capacity
 
     # ------------------------------------------------------------ files
     def _new_handle(self) -> int:
@@ -866,3 +886,23 @@ async def mount(
         stack.callback(client.before_approval.remove, operations.before_approval)
         client.cache.max_bytes = cache_bytes  # its leases live there: never none
         await session.serve(operations, task_status=task_status)
+
+
+def _capacity(stats: dict[str, object], block_size: int) -> Capacity:
+    """STATFS's figures from the server's ``stats`` (a field it lacks, or that is not a
+    count, is 0)."""
+
+    def count(field: str, unit: int = 1) -> int:
+        value = stats.get(field)
+        return min(value, _COUNT_LIMIT) // unit if type(value) is int and value > 0 else 0
+
+    return Capacity(
+        blocks=count("disk_bytes", block_size),
+        free_blocks=count("disk_free_bytes", block_size),
+        available_blocks=count("disk_available_bytes", block_size),
+        files=count("disk_files"),
+        free_files=count("disk_free_files"),
+    )
+
+
+_COUNT_LIMIT = 2**64 - 1  # STATFS's fields are 64 bits wide

@@ -59,6 +59,14 @@ GAUGES = {
     "term": ("fscache_term_seconds", "the maximum lease term"),
     "skew": ("fscache_skew_seconds", "the clock-skew allowance"),
     "session_ttl": ("fscache_session_ttl_seconds", "a detached session's life"),
+    "disk_bytes": ("fscache_disk_bytes", "size of the file system that holds the root"),
+    "disk_free_bytes": ("fscache_disk_free_bytes", "bytes free there"),
+    "disk_available_bytes": (
+        "fscache_disk_available_bytes",
+        "bytes free there for a process without privileges",
+    ),
+    "disk_files": ("fscache_disk_files", "files (inodes) that file system can hold"),
+    "disk_free_files": ("fscache_disk_free_files", "files (inodes) free there"),
 }
 INFO = "epoch"  # a label of fscache_server_info, not a number
 # Counters whose field name would collide with a gauge's once ``_total`` is added.

@@ -1692,6 +1692,7 @@ class FileService:
             "locks_granted": self.locks.table.locks_granted,
             "ephemeral_files": len(self.ephemeral.table),
             "ephemeral_deleted": self.ephemeral.table.deleted,
+            **self.store.capacity(),
         }
 
     def shutdown(self) -> int:

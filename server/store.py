@@ -587,6 +587,19 @@ class Store:
             return st.st_mtime_ns, 0, True
         return st.st_mtime_ns, st.st_size, False
 
+    def capacity(self) -> dict[str, int]:
+        """The size and room of the file system that holds the root (``statvfs``):
+        bytes in all, free, and available to a process without privileges; files
+        (inodes) in all and free. What a mount's ``statfs`` shows (``df``)."""
+        st = os.statvfs(self.root)
+        return {
+            "disk_bytes": st.f_blocks * st.f_frsize,
+            "disk_free_bytes": st.f_bfree * st.f_frsize,
+            "disk_available_bytes": st.f_bavail * st.f_frsize,
+            "disk_files": st.f_files,
+            "disk_free_files": st.f_ffree,
+        }
+
     def write(self, path: str, data: bytes, if_version: int | None = None) -> int:
         """Durably replace the file at ``path`` with ``data``; return the new version.
 

@@ -199,10 +199,11 @@ def test_open_create_write_and_data_replies():
 
 
 def test_statfs_reply():
-    reply = fp.reply_statfs(7, block_size=4096, name_max=255)
+    capacity = fp.Capacity(blocks=100, free_blocks=40, available_blocks=30, files=9, free_files=2)
+    reply = fp.reply_statfs(7, capacity, block_size=4096, name_max=255)
     assert struct.unpack_from(OUT_HEADER, reply) == (16 + 80, 0, 7)
     # blocks bfree bavail files ffree bsize namelen frsize padding spare[6]
-    assert struct.unpack_from("=QQQQQIIII", reply, 16) == (0, 0, 0, 0, 0, 4096, 255, 4096, 0)
+    assert struct.unpack_from("=QQQQQIIII", reply, 16) == (100, 40, 30, 9, 2, 4096, 255, 4096, 0)
 
 
 def direntplus(name: bytes, inode: int, offset: int) -> fp.DirEntry:

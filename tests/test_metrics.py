@@ -251,7 +251,13 @@ def test_the_collector_reports_cumulative_buckets_and_counters_with_total() -> N
     read.observe(3.0)
     empty = Histogram().snapshot()
     snapshot = Snapshot(
-        stats={"reads": 7, "leases_active": 3, "uptime_s": 1.5, "epoch": "e1"},
+        stats={
+            "reads": 7,
+            "leases_active": 3,
+            "uptime_s": 1.5,
+            "epoch": "e1",
+            "disk_available_bytes": 4096,
+        },
         histograms={"read": read.snapshot(), "write": empty, "write_delay": empty},
     )
 
@@ -262,6 +268,7 @@ def test_the_collector_reports_cumulative_buckets_and_counters_with_total() -> N
     assert families["fscache_reads"].samples[0].value == 7
     assert families["fscache_leases_active"].type == "gauge"
     assert families["fscache_uptime_seconds"].samples[0].value == 1.5
+    assert families["fscache_disk_available_bytes"].type == "gauge"  # it goes down too
     buckets = {
         s.labels["le"]: s.value
         for s in families["fscache_read_latency_seconds"].samples

@@ -309,6 +309,48 @@ async def test_ls_stat_unlink_and_enoent(mnt, other):
     assert await on_mount(os.listdir, mnt) == ["docs"]
 
 
+async def test_df_shows_the_disk_that_holds_the_servers_root(mnt, other, root):
+    disk = os.statvfs(root)
+    stats = await other.server_stats()
+    assert stats["disk_bytes"] == disk.f_blocks * disk.f_frsize
+    assert stats["disk_files"] == disk.f_files
+
+    st = await on_mount(os.statvfs, mnt)
+    assert st.f_bsize == st.f_frsize == 4096
+    assert st.f_blocks == disk.f_blocks * disk.f_frsize // 4096
+    assert st.f_files == disk.f_files
+    assert 0 < st.f_bavail <= st.f_bfree <= st.f_blocks
+    assert 0 < st.f_ffree <= st.f_files
+    assert (await on_mount(shutil.disk_usage, mnt)).total == st.f_blocks * 4096
+
+
+async def test_statfs_asks_the_server_once_a_second_and_keeps_its_figures_while_it_is_away(
+    autojump_clock,
+):
+    class Server:
+        def __init__(self):
+            self.asked = 0
+            self.away = False
+            self.before_approval = []
+
+        async def server_stats(self):
+            if self.away:
+                raise fscache.Unavailable("no server")
+            self.asked += 1
+            return {"disk_bytes": 8192 * self.asked, "disk_free_files": "not a count"}
+
+    server = Server()
+    ops = FscacheOperations(server, session=None)  # type: ignore[arg-type]
+    assert (await ops.statfs()).blocks == 2
+    assert (await ops.statfs()).blocks == 2  # within the second: not asked again
+    await trio.sleep(1.0)
+    assert (await ops.statfs()).blocks == 4
+    server.away = True
+    await trio.sleep(1.0)
+    capacity = await ops.statfs()
+    assert (capacity.blocks, capacity.free_files, server.asked) == (4, 0, 2)
+
+
 async def test_directories_live_on_the_server_with_posix_errnos(mnt, other):
     await on_mount(os.makedirs, mnt / "new" / "sub")
     assert await other.scandir("new") == [fscache.client.client.DirEntry("sub", True, 0, ANY)]
