@@ -546,6 +546,7 @@ class FileService:
         self.epoch = secrets.token_hex(8)
         self.started_at = trio.current_time()
         self.restart_window = begin_incarnation(self.store, self.policy.max_term, settings.skew)
+        self.stopped_cleanly = False  # set by shutdown: the next start needs no window
         self.table = LeaseTable(
             self.policy, skew=settings.skew, hold_writes_until=self.started_at + self.restart_window
         )
@@ -1696,11 +1697,15 @@ class FileService:
         }
 
     def shutdown(self) -> int:
-        """Called on a clean stop: if no lease is live, the next start needs no window.
-        Returns how many leases are still live (then the next start will hold writes)."""
-        live = self.table.live_leases(trio.current_time())
-        if live == 0 and not self._pending:
+        """Called on a clean stop, and on a start that failed: if no lease of ours is
+        live, no request waits and the restart window is over (a lease of the
+        incarnation before may still be live while it is open), the next start needs no
+        window (:attr:`stopped_cleanly`). Returns how many leases are still live."""
+        now = trio.current_time()
+        live = self.table.live_leases(now)
+        if live == 0 and not self._pending and now >= self.table.hold_writes_until:
             end_incarnation_cleanly(self.store, self.policy.max_term, self.settings.skew)
+            self.stopped_cleanly = True
         return live
 
 
@@ -1811,7 +1816,11 @@ async def serve(
     service = FileService(settings, policy=policy, exclusive=True)
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(service.run)
+            try:
+                await nursery.start(service.run)
+            except BaseException:  # it never served: it leaves the record as it found it
+                service.shutdown()
+                raise
             task_status.started(service)
     finally:
         service.store.close()

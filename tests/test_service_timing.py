@@ -8,6 +8,7 @@ Terms are the defaults (10 s, skew 0.1 s) unless a test says otherwise.
 from __future__ import annotations
 
 import dataclasses
+import socket
 
 import pytest
 import trio
@@ -15,7 +16,8 @@ import trio.testing
 
 import fscache
 from fscache import protocol as p
-from fscache.server.service import INCARNATION_FILE, Counters
+from fscache.errors import FscacheError
+from fscache.server.service import INCARNATION_FILE, Counters, ServerSettings, serve
 
 from .harness import Cluster
 
@@ -279,6 +281,44 @@ async def test_a_server_stopped_with_live_leases_leaves_a_restart_window(
     assert service.shutdown() == 1  # a live lease: nothing clean recorded
     second = Cluster(nursery, root, term=TERM, skew=SKEW)
     assert (await second.start()).restart_window == at(TERM + SKEW)
+
+
+async def test_a_clean_stop_inside_the_restart_window_leaves_the_window_to_the_next_start(
+    nursery, root, autojump_clock
+):
+    first = Cluster(nursery, root, term=TERM, skew=SKEW)
+    await first.start()  # then it "crashes": the leases it granted may be live
+    second = Cluster(nursery, root, term=TERM, skew=SKEW)
+    service = await second.start()
+    await trio.sleep(TERM / 2)
+    assert service.shutdown() == 0 and not service.stopped_cleanly  # the window is open
+    third = Cluster(nursery, root, term=TERM, skew=SKEW)
+    assert (await third.start()).restart_window == at(TERM + SKEW)
+    await trio.sleep(TERM + SKEW)
+    third.service.shutdown()  # type: ignore[union-attr]
+    assert third.service.stopped_cleanly  # type: ignore[union-attr]
+    fourth = Cluster(nursery, root, term=TERM, skew=SKEW)
+    assert (await fourth.start()).restart_window == 0
+
+
+async def test_a_start_that_fails_leaves_the_record_as_it_found_it(root, autojump_clock):
+    settings = ServerSettings(root=str(root), port=0, term=TERM, skew=SKEW)
+    async with trio.open_nursery() as nursery:
+        service = await nursery.start(serve, settings)
+        service.shutdown()  # a clean stop: the next start needs no window
+        nursery.cancel_scope.cancel()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = ServerSettings(root=str(root), port=taken.getsockname()[1], term=TERM, skew=SKEW)
+        with pytest.raises(BaseExceptionGroup) as failed:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve, busy)
+        assert failed.group_contains(FscacheError, match="cannot listen", depth=None)
+    async with trio.open_nursery() as nursery:
+        service = await nursery.start(serve, settings)
+        assert service.restart_window == 0
+        nursery.cancel_scope.cancel()
 
 
 async def test_an_unreadable_incarnation_record_counts_as_a_crash(nursery, root, autojump_clock):
