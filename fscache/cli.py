@@ -31,7 +31,7 @@ from fscache.settings import (
 
 # `fscache serve` announces itself with this first line; tools that start a server
 # read the address from it with parse_serving_line (the root may contain anything).
-_SERVING = re.compile(r"^fscache serving .* on (\S+):(\d+) \(term .*\)$")
+_SERVING = re.compile(r"^fscache serving .* on (?:\[(\S+)\]|(\S+)):(\d+) \(term .*\)$")
 
 T = TypeVar("T")
 
@@ -74,31 +74,48 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve a directory tree")
     serve.add_argument("--config", metavar="FILE", help="options from a TOML file; flags win")
     serve.add_argument("--root", metavar="DIR", help="the directory to serve (required)")
-    serve.add_argument("--host", default=DEFAULT_HOST)
-    serve.add_argument("--port", type=_port, default=DEFAULT_PORT, help="0 picks a free port")
-    serve.add_argument("--term", type=_seconds, default=DEFAULT_TERM, help="lease term, seconds")
     serve.add_argument(
-        "--skew", type=_seconds, default=DEFAULT_SKEW, help="clock skew allowance, s"
+        "--host", default=DEFAULT_HOST, help="the address to listen on (default %(default)s)"
     )
     serve.add_argument(
-        "--hot-writes", type=_count, default=DEFAULT_HOT_WRITES,
-        help="writes within one term that make a file write-shared (term 0); 0: off",
+        "--port", type=_port, default=DEFAULT_PORT,
+        help="the port to listen on; 0 picks a free one (default %(default)s)",
     )  # fmt: skip
     serve.add_argument(
-        "--session-ttl", type=_seconds, help="a disconnected session's life, s (term + skew, >= 5)"
-    )
-    serve.add_argument("--tls", metavar="DIR", help="mutual TLS with the server bundle DIR/server")
+        "--term", type=_seconds, default=DEFAULT_TERM,
+        help="lease term, seconds (default %(default)s)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--skew", type=_seconds, default=DEFAULT_SKEW,
+        help="clock skew allowance, seconds (default %(default)s)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--hot-writes", type=_count, default=DEFAULT_HOT_WRITES,
+        help="writes within one term that make a file write-shared (term 0); 0: off"
+        " (default %(default)s)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--session-ttl", type=_seconds,
+        help="a disconnected session's life, seconds (default: term + skew, at least 5)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--tls", metavar="DIR",
+        help="mutual TLS with the server bundle in DIR (fscache certs writes it to CERTS/server)",
+    )  # fmt: skip
     serve.add_argument("--access", metavar="FILE", help="access rules (TOML); SIGHUP reloads")
     serve.add_argument(
-        "--shared", action="store_true", help="new files and directories readable by the group"
-    )
+        "--shared", action=argparse.BooleanOptionalAction, default=False,
+        help="new files and directories readable by the group (default: not)",
+    )  # fmt: skip
     serve.add_argument(
         "--metrics-port", type=_port, help="serve Prometheus metrics at /metrics; 0: a free port"
     )
-    serve.add_argument("--metrics-host", default=DEFAULT_HOST, help="the metrics' address")
+    serve.add_argument(
+        "--metrics-host", default=DEFAULT_HOST, help="the metrics' address (default %(default)s)"
+    )
     serve.add_argument(
         "--log-format", choices=("text", "json"), default="text",
-        help="json: one JSON object per line per event",
+        help="json: one JSON object per line per event (default %(default)s)",
     )  # fmt: skip
 
     def client_command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -128,7 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     certs = sub.add_parser("certs", help="make CA, server and client certificates")
     certs.add_argument("directory", metavar="DIR")
     certs.add_argument(
-        "--host", action="append", dest="hosts", help="server name or IP (repeatable)"
+        "--host",
+        action="append",
+        dest="hosts",
+        metavar="HOST",
+        help="server name or IP (repeatable)",
     )
     certs.add_argument(
         "--client", action="append", dest="clients", default=[], metavar="NAME",
@@ -197,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def parse_serving_line(line: str) -> tuple[str, int] | None:
     """``(host, port)`` from the first line ``fscache serve`` prints, or None."""
     match = _SERVING.match(line.strip())
-    return None if match is None else (match[1], int(match[2]))
+    return None if match is None else (match[1] or match[2], int(match[3]))
 
 
 def _single_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
@@ -229,6 +250,11 @@ def _serve_options(
     return args
 
 
+def _shown(host: str) -> str:
+    """``host`` as it goes before ``:PORT`` in an address (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
 def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -256,29 +282,36 @@ def _serve(args: argparse.Namespace) -> int:
     async def run() -> None:
         async with trio.open_nursery() as nursery:
             service = await nursery.start(serve, settings)
+            metrics = None
+            if args.metrics_port is not None:  # up before the server says it serves
+                try:
+                    metrics = await nursery.start(
+                        serve_metrics, service, args.metrics_host, args.metrics_port
+                    )
+                except BaseException:
+                    service.shutdown()  # it served nothing yet
+                    raise
             window = service.restart_window
             print(
-                f"fscache serving {root} on {service.host}:{service.port}"
+                f"fscache serving {root} on {_shown(service.host)}:{service.port}"
                 f" (term {args.term:g} s, skew {args.skew:g} s, epoch {service.epoch}"
                 f"{', TLS' if args.tls else ''})",
                 flush=True,
             )
             if window > 0:
                 print(f"restart window: writes held for {window:g} s", flush=True)
-            if args.metrics_port is not None:
-                host, port = await nursery.start(
-                    serve_metrics, service, args.metrics_host, args.metrics_port
-                )
-                shown = f"[{host}]" if ":" in host else host  # an IPv6 address
-                print(f"metrics at http://{shown}:{port}/metrics", flush=True)
+            if metrics is not None:
+                host, port = metrics
+                print(f"metrics at http://{_shown(host)}:{port}/metrics", flush=True)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
                     print(f"{signal.Signals(signum).name}: shutting down", flush=True)
                     break
             live = service.shutdown()
-            if live:
+            if not service.stopped_cleanly:
+                why = f"{live} lease(s) still live" if live else "writes still held or waiting"
                 print(
-                    f"{live} lease(s) still live: the next start holds writes for "
+                    f"{why}: the next start holds writes for at least "
                     f"{service.policy.max_term + args.skew:g} s",
                     flush=True,
                 )

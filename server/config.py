@@ -59,6 +59,8 @@ def load(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
         raise BadConfig(f"cannot read {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise BadConfig(f"{path}: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8
+        raise BadConfig(f"{path}: not UTF-8 (at byte offset {exc.start}: {exc.reason})") from None
     return check(table, parser, base=pathlib.Path(path).resolve().parent, source=path)
 
 

@@ -9,10 +9,10 @@ Latencies are the one thing observed per request
 (:mod:`fscache.server.latency`, which needs no prometheus-client: a server without
 ``--metrics-port`` never imports it).
 
-prometheus-client serves ``/metrics`` from its own thread
-(:func:`prometheus_client.start_http_server`), so a scrape never blocks the event
-loop. That thread does not read the server's tables itself (a dict the loop is
-changing cannot be iterated from another thread): it asks the loop for one
+prometheus-client's WSGI app serves ``/metrics`` (and only that path) from a
+thread of its own, so a scrape never blocks the event loop. That thread does not
+read the server's tables itself (a dict the loop is changing cannot be iterated
+from another thread): it asks the loop for one
 snapshot with :func:`trio.from_thread.run_sync` and waits for it. The snapshot is
 taken between two events, so its values are consistent with each other, and the
 loop spends on it what ``fscache stats`` costs it.
@@ -24,11 +24,14 @@ Names follow Prometheus' conventions: ``fscache_`` and the ``fscache stats`` fie
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import trio
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -36,6 +39,7 @@ from prometheus_client.core import (
     InfoMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from fscache.errors import FscacheError
@@ -67,6 +71,8 @@ GAUGES = {
     ),
     "disk_files": ("fscache_disk_files", "files (inodes) that file system can hold"),
     "disk_free_files": ("fscache_disk_free_files", "files (inodes) free there"),
+    "locks_held": ("fscache_locks_held", "locks held now"),
+    "ephemeral_files": ("fscache_ephemeral_files", "files tied to a session now"),
 }
 INFO = "epoch"  # a label of fscache_server_info, not a number
 # Counters whose field name would collide with a gauge's once ``_total`` is added.
@@ -102,11 +108,19 @@ def take_snapshot(service: FileService) -> Snapshot:
 class ServiceCollector(Collector):
     """Turns a :class:`Snapshot`, asked for at each scrape, into metric families."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot], first: Snapshot) -> None:
         self._snapshot = snapshot
+        self._first = first  # its families name every metric there is
+
+    def describe(self) -> Iterator[Metric]:
+        """The families, for the registry's index of names (a scrape that asks for
+        ``name[]=...`` finds them there)."""
+        return self._families(self._first)
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = self._snapshot()
+        return self._families(self._snapshot())
+
+    def _families(self, snapshot: Snapshot) -> Iterator[Metric]:
         for field, value in snapshot.stats.items():
             if field == INFO:
                 yield InfoMetricFamily("fscache_server", "this incarnation", {field: str(value)})
@@ -142,11 +156,11 @@ async def serve_metrics(
     def snapshot() -> Snapshot:
         return trio.from_thread.run_sync(take_snapshot, service, trio_token=token)
 
-    registry = CollectorRegistry()
-    registry.register(ServiceCollector(snapshot))
+    registry = CollectorRegistry(auto_describe=True)  # (for ProcessCollector's names)
+    registry.register(ServiceCollector(snapshot, take_snapshot(service)))
     ProcessCollector(registry=registry)  # process_cpu_seconds_total, memory, descriptors
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        server, thread = _start_server(host, port, make_wsgi_app(registry))
     except OSError as exc:
         raise FscacheError(f"cannot serve metrics on {host}:{port}: {exc}") from None
     try:
@@ -157,3 +171,31 @@ async def serve_metrics(
             await trio.to_thread.run_sync(server.shutdown)
         server.server_close()
         thread.join()
+
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _start_server(host: str, port: int, metrics: WSGIApp) -> tuple[WSGIServer, threading.Thread]:
+    """prometheus-client's ``start_http_server``, but any path other than ``/metrics``
+    is 404: a server that answered every path with its metrics would pass for up
+    behind any URL a probe was given."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/metrics":
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"fscache serves its metrics at /metrics\n"]
+        return metrics(environ, start_response)
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    server = make_server(host, port, app, Server, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
+    return server, thread
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """A scrape every few seconds is not news (the request log stays silent)."""

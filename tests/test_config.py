@@ -84,6 +84,13 @@ def test_a_file_that_is_not_toml_is_named_with_its_line(tmp_path: Path) -> None:
         load(config(tmp_path, "term = 5\nport = = 1\n"), SERVE)
 
 
+def test_a_file_that_is_not_utf8_is_named_with_the_byte(tmp_path: Path) -> None:
+    path = tmp_path / "fscache.toml"
+    path.write_bytes(b'root = "r"\nhost = "\xff\xfe"\n')
+    with pytest.raises(BadConfig, match=r"fscache\.toml: not UTF-8 \(at byte offset 19"):
+        load(str(path), SERVE)
+
+
 def test_paths_are_relative_to_the_files_directory(tmp_path: Path) -> None:
     (tmp_path / "etc").mkdir()
     path = tmp_path / "etc" / "fscache.toml"
@@ -107,6 +114,7 @@ def test_the_command_line_overrides_the_file(tmp_path: Path) -> None:
     assert args.shared is True
     assert args.root == str(tmp_path / "r")
     assert args.hot_writes == 3  # neither: the default
+    assert serve_args("--config", path, "--no-shared").shared is False  # a switch turned off
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -213,6 +214,66 @@ def test_every_stats_field_is_a_metric(root: Path) -> None:
     assert len(names) == len({name.removesuffix("_total") for name in names})  # no clash
 
 
+def test_only_metrics_is_served_and_a_scrape_may_ask_for_some_names(root: Path) -> None:
+    with serve_process(
+        "--root", str(root), "--port", "0", "--metrics-port", "0", metrics=True
+    ) as server:
+        assert server.metrics is not None
+        base = server.metrics.removesuffix("/metrics")
+        for path in ("/", "/foo", "/metrics/x", "/favicon.ico"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(base + path, timeout=30)
+            assert refused.value.code == 404
+            refused.value.close()
+        with fscache.connect(server.address) as client:
+            client.write("a", b"x")
+            asked = "name[]=fscache_writes_total&name[]=process_open_fds&name[]=fscache_disk_bytes"
+            some = scrape(f"{server.metrics}?{asked}")
+    assert some.keys() == {"fscache_writes_total", "process_open_fds", "fscache_disk_bytes"}
+    assert some["fscache_writes_total"] == 1
+
+
+async def test_every_counter_only_grows_while_levels_go_up_and_down(
+    nursery: trio.Nursery, root: Path, autojump_clock: Any
+) -> None:
+    """A counter that went down would break rate() and increase(): over locks, ephemeral
+    files, sessions, leases and connections coming and going, every counter family
+    only grows, and the levels that fall are gauges."""
+    cluster = Cluster(nursery, root, term=10.0, skew=0.1)
+    service = await cluster.start()
+    seen: list[dict[str, tuple[str, float]]] = []
+
+    def look() -> None:
+        snapshot = take_snapshot(service)
+        seen.append({
+            family.name: (family.type, family.samples[0].value)
+            for family in ServiceCollector(lambda: snapshot, snapshot).collect()
+            if family.type in ("counter", "gauge")
+        })  # fmt: skip
+
+    look()
+    async with cluster.client("a") as a, cluster.client("b") as b:
+        lock = await a.acquire("jobs/x")
+        await a.write("reg/n1", b"x", ephemeral=True)
+        await a.write("f", b"1")
+        await b.read("f")
+        look()
+        await lock.release()
+        await a.delete("reg/n1")
+        await a.write("f", b"2")
+        look()
+    await trio.sleep(30)  # sessions and leases end
+    look()
+
+    for name, (kind, _) in seen[0].items():
+        values = [look_[name][1] for look_ in seen]
+        if kind == "counter":
+            assert values == sorted(values), name
+    for level in ("fscache_locks_held", "fscache_ephemeral_files", "fscache_connections"):
+        assert seen[1][level] == ("gauge", 1 if level != "fscache_connections" else 2)
+        assert seen[-1][level] == ("gauge", 0)
+
+
 def test_the_metrics_port_is_refused_with_the_reason_when_taken(root: Path) -> None:
     (root / "other").mkdir()
     with serve_process(
@@ -227,6 +288,12 @@ def test_the_metrics_port_is_refused_with_the_reason_when_taken(root: Path) -> N
         )  # fmt: skip
     assert done.returncode == 1
     assert f"cannot serve metrics on 127.0.0.1:{taken}" in done.stderr
+    assert "fscache serving" not in done.stdout  # it never said it serves
+    with serve_process("--root", str(root / "other"), "--port", "0") as again:
+        assert again.process.stdout is not None
+        again.process.send_signal(signal.SIGTERM)
+        rest = again.process.stdout.read()
+    assert "restart window" not in rest  # the failed start left no window behind
 
 
 # ---------------------------------------------------------------- histograms, exactly
@@ -261,7 +328,9 @@ def test_the_collector_reports_cumulative_buckets_and_counters_with_total() -> N
         histograms={"read": read.snapshot(), "write": empty, "write_delay": empty},
     )
 
-    families = {family.name: family for family in ServiceCollector(lambda: snapshot).collect()}
+    families = {
+        family.name: family for family in ServiceCollector(lambda: snapshot, snapshot).collect()
+    }
 
     assert families["fscache_reads"].type == "counter"
     assert families["fscache_reads"].samples[0].name == "fscache_reads_total"
@@ -297,10 +366,11 @@ async def test_a_waited_out_lease_is_one_write_delay_of_exactly_the_remaining_le
         await writer.write("f", b"v2")  # waits out the silent holder: 8.1 s
     await silent.close()
 
+    snapshot = take_snapshot(service)
     families = {
         family.name: {sample.name + str(sample.labels.get("le", "")): sample.value
                       for sample in family.samples}
-        for family in ServiceCollector(lambda: take_snapshot(service)).collect()
+        for family in ServiceCollector(lambda: snapshot, snapshot).collect()
     }  # fmt: skip
     delay = families["fscache_write_delay_seconds"]
     assert delay["fscache_write_delay_seconds_count"] == 2
