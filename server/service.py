@@ -803,6 +803,16 @@ class FileService:
                 if message.secret is not None and len(message.secret) > MAX_SECRET:
                     raise ProtocolError(f"secret must be at most {MAX_SECRET} bytes")
                 self._admit(_identity(stream))
+            except trio.BrokenResourceError as exc:
+                refused = exc.__cause__
+                if not isinstance(refused, ssl.SSLError):
+                    raise
+                reason = refused.reason or str(refused)  # e.g. CERTIFICATE_VERIFY_FAILED
+                event(
+                    "tls_refused", "%s: TLS handshake failed: %s", peer, reason,
+                    peer=peer, reason=reason,
+                )  # fmt: skip
+                return None
             except FscacheError as exc:
                 self.counters.protocol_errors += not isinstance(exc, Unavailable)
                 await _send_quietly(wire, p.Error(id=None, code=exc.code, message=str(exc)))
@@ -908,8 +918,9 @@ class FileService:
                         self._delete_tied(self.ephemeral.table.session_ended(holder, now))
                 reason = _closed_because(connection, sys.exc_info()[1])
                 event(
-                    "disconnect", "%s: client %s disconnected: %s", peer, holder, reason,
-                    peer=peer, session=holder, goodbye=connection.goodbye, reason=reason,
+                    "disconnect", "%s: client %s disconnected, session %s: %s", peer,
+                    hello.client_id, holder, reason, peer=peer, session=holder,
+                    label=hello.client_id, goodbye=connection.goodbye, reason=reason,
                 )  # fmt: skip
         if cancel.cancelled_caught:
             self.counters.connections_dropped += 1

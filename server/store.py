@@ -441,6 +441,12 @@ class Store:
             raise BadPath(f"store root {shown!r} is not usable: {exc}") from None
         if not stat_mod.S_ISDIR(mode):
             raise FscacheError(f"store root {shown!r} is not a directory")
+        # A server's store (exclusive) writes its state there; any store reads it.
+        if not os.access(real, os.R_OK | os.X_OK | (os.W_OK if exclusive else 0)):
+            may = "readable and writable" if exclusive else "readable"
+            raise FscacheError(
+                f"store root {shown!r} is not {may} by this user (uid {os.getuid()})"
+            )
         self.root: str = real
         self.max_file_size: int = max_file_size
         self._prefix = real if real.endswith(os.sep) else real + os.sep
@@ -1570,7 +1576,7 @@ def _translate(exc: OSError, op: str, path: str) -> FscacheError:
     if code == errno.EIO:
         return FscacheError(f"cannot {op} {path!r}: the store's disk failed (I/O error)")
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return FscacheError(f"cannot {op} {path!r}: the store may not ({exc.strerror})")
+        return FscacheError(f"cannot {op} {path!r}: not permitted ({exc.strerror})")
     return FscacheError(f"cannot {op} {path!r}: {exc.strerror or exc} (errno {code})")
 
 

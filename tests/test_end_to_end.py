@@ -7,6 +7,7 @@ mutual TLS. Timing is not asserted here (see test_service_timing.py).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -121,7 +122,8 @@ async def test_the_blocking_client_reports_an_unreachable_server(nursery):
     await trio.to_thread.run_sync(try_it)
 
 
-async def test_mutual_tls_admits_our_clients_and_refuses_strangers(nursery, root, tmp_path):
+async def test_mutual_tls_admits_our_clients_and_refuses_strangers(nursery, root, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="fscache.events")
     ours, strangers = tmp_path / "ours", tmp_path / "strangers"
     make_certs(ours, clients=["c"])
     make_certs(strangers, clients=["c"])
@@ -136,6 +138,19 @@ async def test_mutual_tls_admits_our_clients_and_refuses_strangers(nursery, root
             "127.0.0.1", server.port, ssl_context=client_context(strangers / "clients" / "c")
         ) as c:
             await c.read("secret")
+    with pytest.raises(fscache.Unavailable):  # plain TCP to a TLS server
+        async with fscache.open_client("127.0.0.1", server.port) as c:
+            await c.read("secret")
+
+    async def refusals() -> list[str]:  # the server logs each refused handshake, and why
+        while len(found := [r for r in caplog.records if r.event == "tls_refused"]) < 2:
+            await trio.sleep(0.01)
+        return [r.fields["reason"] for r in found]
+
+    with trio.fail_after(30):
+        reasons = await refusals()
+    assert reasons[0]  # the stranger hung up (trio sends no alert first): an EOF, or its alert
+    assert reasons[1] == "WRONG_VERSION_NUMBER"  # a plain hello is no TLS record
 
 
 # ---------------------------------------------------------------- the command line

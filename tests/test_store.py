@@ -6,6 +6,7 @@ import errno
 import gc
 import hashlib
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -285,6 +286,45 @@ def test_bad_root(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(FscacheError, match="not a directory"):
         Store(tmp_path / "file", max_file_size=MAX)
+
+
+@pytest.mark.parametrize(
+    ("mode", "exclusive", "may"),
+    [(0o555, True, "readable and writable"), (0o000, False, "readable")],
+    ids=["a server's store, read-only", "unreadable"],
+)
+def test_a_root_this_user_may_not_use_is_refused_by_name(
+    mode: int, exclusive: bool, may: str
+) -> None:
+    """A real user without the access (root may write anywhere: then the store is
+    opened as nobody, in a child process, under a directory nobody may enter). A
+    server's store writes its state in the root; a store that only reads need not."""
+    base = Path(tempfile.mkdtemp(prefix="fscache-access-"))
+    try:
+        base.chmod(0o755)
+        root = base / "root"
+        root.mkdir()
+        root.chmod(mode)
+        opening = (
+            "from fscache.server.store import Store;"
+            f" Store({str(root)!r}, max_file_size=1, exclusive={exclusive})"
+        )
+        argv = [sys.executable, "-c", opening]
+        if os.getuid() == 0:
+            setpriv = shutil.which("setpriv")
+            if setpriv is None:
+                pytest.skip("running as root without setpriv to drop to another user")
+            argv = [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups", *argv]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        (base / "root").chmod(0o755)
+        shutil.rmtree(base)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"fscache.errors.FscacheError: store root {str(root)!r} is not {may}"
+        f" by this user (uid {pwd.getpwnam('nobody').pw_uid if os.getuid() == 0 else os.getuid()})"
+    )
 
 
 def test_symlink_escaping_root_is_refused(store: Store, root: Path, tmp_path: Path) -> None:
