@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def client_command(name: str, help_text: str) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
-        command.add_argument("address", metavar="HOST:PORT")
+        command.add_argument("address", metavar="HOST:PORT", type=_address)
         command.add_argument("--tls", metavar="DIR", help="this client's bundle, DIR/clients/NAME")
         return command
 
@@ -245,9 +245,20 @@ def _serve_options(
         except BadConfig as exc:
             serve.error(str(exc))
         args = parser.parse_args(argv)
-    if args.root is None:
-        parser.error("fscache serve needs --root (or root in the --config file)")
+    if not args.root:
+        _subcommand(parser, "serve").error("--root is needed (or root in the --config file)")
     return args
+
+
+def _address(text: str) -> str:
+    """A client command's HOST:PORT, checked (a bad one is bad usage)."""
+    from fscache.client.client import parse_address
+
+    try:
+        parse_address(text)
+    except FscacheError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _shown(host: str) -> str:

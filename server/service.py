@@ -166,6 +166,7 @@ LISTEN_BACKLOG = 0xFFFF
 # few milliseconds long and the accept loop comes round again soon.
 HANDSHAKES_PER_TURN = 64
 ACCEPT_RETRY = 0.1  # s: out of descriptors or memory, accept again after this
+OWN_FILES = 64  # descriptors the server needs besides its connections (store, threads)
 # Young objects the garbage collector lets accumulate before a collection (Python's
 # default is 700). A server with 10,000 connections holds some 640,000 objects that
 # live as long as the connections; with the default, the burst of objects of one
@@ -596,7 +597,7 @@ class FileService:
             listeners = await trio.open_tcp_listeners(s.port, host=s.host, backlog=LISTEN_BACKLOG)
         except OSError as exc:
             raise FscacheError(f"cannot listen on {s.host}:{s.port}: {exc}") from None
-        _raise_open_files_limit()
+        _raise_open_files_limit(s.max_connections)
         # A worker thread (fsyncs, listings) keeps the GIL for up to the switch interval
         # while the event loop waits for it: 5 ms by default, 1 ms here. Measured while
         # a 100,000-name directory was listed: another client's p99 round trip went
@@ -660,13 +661,21 @@ class FileService:
         arrived: deque[socket.socket] = deque()
         accepting = socket.socket(fileno=os.dup(listener.socket.fileno()))
         accepting.setblocking(False)
+        failed = 0  # accepts in a row that ran out of room (logged at the first and last)
         try:
             async with listener:
                 while True:
-                    out_of_room = not _accept_queued(accepting, arrived)
+                    out_of_room = _accept_queued(accepting, arrived)
+                    if out_of_room is not None and not failed:
+                        log.error(
+                            "accept failed: %s; trying again every %s s", out_of_room, ACCEPT_RETRY
+                        )
+                    elif out_of_room is None and failed:
+                        log.warning("accepting again, after %d failed tries", failed)
+                    failed = 0 if out_of_room is None else failed + 1
                     for _ in range(min(len(arrived), HANDSHAKES_PER_TURN)):
                         nursery.start_soon(self._serve_socket, arrived.popleft(), ssl_context)
-                    if out_of_room:
+                    if out_of_room is not None:
                         await trio.sleep(ACCEPT_RETRY)
                     elif arrived:
                         await trio.lowlevel.checkpoint()
@@ -1726,36 +1735,43 @@ _ACCEPT_SKIPPED = frozenset({errno.ECONNABORTED, errno.EPERM, errno.EPROTO})
 _ACCEPT_OUT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 
-def _accept_queued(listening: socket.socket, arrived: deque[socket.socket]) -> bool:
+def _accept_queued(listening: socket.socket, arrived: deque[socket.socket]) -> OSError | None:
     """Append to ``arrived`` every connection the kernel has queued on ``listening``;
-    False if accept() ran out of descriptors or memory (logged)."""
+    the error if accept() ran out of descriptors or memory."""
     while True:
         try:
             sock, _ = listening.accept()
         except BlockingIOError:
-            return True
+            return None
         except OSError as exc:
             if exc.errno in _ACCEPT_SKIPPED:
                 continue
             if exc.errno in _ACCEPT_OUT_OF:
-                log.error("accept failed: %s; accepting again in %s s", exc, ACCEPT_RETRY)
-                return False
+                return exc
             raise
         arrived.append(sock)
 
 
-def _raise_open_files_limit() -> None:
-    """Raise the soft limit on open files to the hard limit: each connection is one."""
+def _raise_open_files_limit(max_connections: int) -> None:
+    """Raise the soft limit on open files to the hard limit: each connection is one.
+    Warn when it leaves less than ``max_connections`` (and the server's own files):
+    connections past it are turned away by accept (EMFILE), not by the server."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == hard:
         log.info("open files limit: %s", soft)
-        return
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError) as exc:
-        log.warning("open files limit stays %s (hard limit %s: %s)", soft, hard, exc)
-        return
-    log.info("open files limit raised from %s to the hard limit %s", soft, hard)
+    else:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("open files limit stays %s (hard limit %s: %s)", soft, hard, exc)
+        else:
+            log.info("open files limit raised from %s to the hard limit %s", soft, hard)
+            soft = hard
+    if soft != resource.RLIM_INFINITY and soft < max_connections + OWN_FILES:
+        log.warning(
+            "open files limit %s is below max_connections %s + %s of the server's own:"
+            " raise it (ulimit -n) or lower max_connections", soft, max_connections, OWN_FILES,
+        )  # fmt: skip
 
 
 def load_access(path: str) -> AccessRules:

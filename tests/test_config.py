@@ -120,7 +120,7 @@ def test_the_command_line_overrides_the_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("term = 5\n", "needs --root (or root in the --config file)"),
+        ("term = 5\n", "fscache serve: error: --root is needed (or root in the --config file)"),
         ("trem = 5\n", "unknown key 'trem'; did you mean 'term'"),
     ],
 )

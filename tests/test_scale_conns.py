@@ -11,7 +11,11 @@ never how fast.
 from __future__ import annotations
 
 import math
+import resource
 import socket
+import subprocess
+import sys
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
@@ -26,6 +30,7 @@ from fscache.bench.scale_conns import (
     measure_fairness,
     measure_restart_storm,
 )
+from fscache.cli import parse_serving_line
 from fscache.client.client import (
     BACKOFF_FIRST,
     BACKOFF_MAX,
@@ -113,12 +118,42 @@ def test_the_accept_loop_takes_every_queued_connection_at_once():
         peers = [socket.create_connection(listening.getsockname()) for _ in range(100)]
         arrived: deque[socket.socket] = deque()
         try:
-            assert _accept_queued(listening, arrived)  # not out of descriptors
+            assert _accept_queued(listening, arrived) is None  # not out of descriptors
             assert len(arrived) == 100
-            assert _accept_queued(listening, arrived) and len(arrived) == 100  # none left
+            assert _accept_queued(listening, arrived) is None and len(arrived) == 100  # none left
         finally:
             for sock in [*arrived, *peers]:
                 sock.close()
+
+
+def test_out_of_descriptors_is_said_once_at_start_and_once_in_the_accept_loop(tmp_path):
+    """A server whose open-files limit is below max_connections warns at start; when
+    accept() runs out of descriptors it says so once (not at every retry), and once
+    more when it accepts again."""
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "fscache", "serve", "--root", str(tmp_path), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=low_limit,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None and server.stderr is not None
+        address = parse_serving_line(server.stdout.readline())
+        assert address is not None
+        peers = [socket.create_connection(address) for _ in range(80)]  # past 64
+        time.sleep(2.0)  # some twenty retries of accept
+        for peer in peers:
+            peer.close()
+        with fscache.connect(f"127.0.0.1:{address[1]}") as client:  # served again
+            client.write("f", b"x")
+    finally:
+        server.terminate()
+        _, errors = server.communicate(timeout=30)
+    assert "open files limit 64 is below max_connections 1024" in errors
+    assert errors.count("accept failed: [Errno 24] Too many open files") == 1
+    assert errors.count("accepting again, after") == 1
 
 
 async def test_a_burst_of_connections_beyond_one_turn_is_served_in_full(nursery, root):
