@@ -79,9 +79,8 @@ No I/O and no clock here: ``now`` is always an argument.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -144,7 +143,7 @@ def dir_entries(
         raise ValueError("a listing's columns differ in length")
     rows = [_new_entry(DirEntry) for _ in names]
     for set_field, column in zip(_ENTRY_SLOTS, (names, dirs, sizes, versions), strict=True):
-        collections.deque(map(set_field, rows, column), maxlen=0)
+        deque(map(set_field, rows, column), maxlen=0)  # runs the setters, keeps nothing
     return tuple(rows)
 
 
