@@ -433,6 +433,7 @@ class Client:
         self.before_approval: list[Callable[[str], Awaitable[None]]] = []
         self._counters = ClientCounters()
         self._lock_watches = locks.LockWatches()
+        self._held_locks: set[tuple[str, int]] = set()  # (name, token) of our live locks
         self._ephemeral: dict[str, bytes] = {}  # path: data, written again in a new session
         self._write_again = False  # a new session came; not all of _ephemeral written yet
 
@@ -1205,8 +1206,14 @@ class Client:
             frame = built
         else:
             assert isinstance(built, p.Message)
+            p.check_fields(built)  # a bad argument is the caller's error, not the link's
             request.message = built
             frame = p.encode(built)
+            if len(frame) - p.HEADER.size > link.welcome.max_frame:
+                raise TooLarge(
+                    f"a {built.TYPE} of {len(frame)} bytes is over the server's frame limit"
+                    f" of {link.welcome.max_frame}"
+                )
         request.id = request_id
         request.sent_at = self._clock()
         if not link.waiting:

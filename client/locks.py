@@ -24,6 +24,13 @@ An acquire that times out sends a release with token 0 (stop waiting). The
 server answers requests in order, so if the grant went out first it arrives
 first, and the client releases it at once: a timed-out acquire holds nothing.
 
+A wait in line whose connection is lost goes on after the reconnect (within its
+timeout): the server dropped it from the line, so the client asks again. If the
+server granted the lock just as the connection went, the grant was lost with it
+while the session, resumed, holds the lock: so before asking again the client
+asks who holds it, and if that is its own identity with a token none of its locks
+has, renews it -- the server renews only its session's lock -- and takes it up.
+
 A leader watch subscribes on the connection; the server pushes a notice at every
 grant, release and expiry of the name. The reader hands each notice to the
 watches of its name (:meth:`LockWatches.notice`); after a reconnect each watch
@@ -46,7 +53,7 @@ import trio
 from fscache import protocol as p
 from fscache.errors import FscacheError, LockLost, LockTimeout, Unavailable
 from fscache.paths import normalize
-from fscache.settings import DEFAULT_LOCK_TTL, check_lock_ttl
+from fscache.settings import DEFAULT_LOCK_TTL, check_duration, check_lock_ttl
 
 if TYPE_CHECKING:
     from fscache.client.client import Client, _Link, _Request
@@ -98,6 +105,7 @@ class Lock:
         self._released = True
         self._renewer.cancel()
         client = self._client
+        client._held_locks.discard((self.name, self.token))
         link = client._link
         if self.lost.is_set() and (link is None or link.broken):
             return
@@ -113,6 +121,7 @@ class Lock:
     def _lose(self) -> None:
         if not self.lost.is_set():
             self.lost.set()
+            self._client._held_locks.discard((self.name, self.token))
             if self._body is not None:
                 self._body.cancel()
 
@@ -173,25 +182,47 @@ async def acquire(
     timeout: float | None = None,
     identity: str | None = None,
 ) -> Lock:
-    """Take lock ``name`` (see :meth:`fscache.client.client.Client.acquire`)."""
+    """Take lock ``name`` (see :meth:`fscache.client.client.Client.acquire`). A wait
+    in line goes on through reconnects (see the module's note)."""
     name = normalize(name)
     ttl = check_lock_ttl(ttl, _skew(client))
+    if timeout is not None and timeout != math.inf:  # (inf: no timeout)
+        timeout = check_duration("timeout", timeout)
     identity = client.client_id if identity is None else identity
-    link = await client._current_link()
-    wait = timeout != 0
+    cut = False  # a wait was cut off with its connection: its grant may have been too
+    with trio.move_on_after(timeout or math.inf):  # 0: the server answers at once
+        while True:
+            link: _Link | None = None
+            try:
+                link = await client._current_link()
+                taken = await _take_up(client, link, name, ttl, identity) if cut else None
+                return taken or await _acquire_on(client, link, name, ttl, identity, timeout != 0)
+            except Unavailable:
+                lost = link is None or link.broken  # else the server said so: final
+                if timeout == 0 or client._closing or not lost:
+                    raise
+                cut = True
+                await trio.sleep(RENEW_RETRY)
+    raise LockTimeout(f"lock {name!r} was not granted within {timeout} s")
+
+
+async def _acquire_on(
+    client: Client, link: _Link, name: str, ttl: float, identity: str, wait: bool
+) -> Lock:
+    """One acquire on ``link``: granted (at once or after waiting in line), or the
+    server's error, or :class:`Unavailable` if the connection is lost meanwhile."""
     request = await client._begin(
         link, lambda i: p.Acquire(id=i, name=name, ttl=ttl, identity=identity, wait=wait), name
     )
     try:
-        with trio.move_on_after(timeout or math.inf):  # 0: the server answers at once
-            await request.done.wait()
-        if not request.done.is_set():
-            raise LockTimeout(f"lock {name!r} was not granted within {timeout} s")
+        await request.done.wait()
+        # The server's error, if it sent one. A checkpoint: a cancellation that comes
+        # here, with the grant in, must give it back too.
+        await client._finish(link, request)
     except BaseException:
         with trio.CancelScope(shield=True):
             await _give_up(client, link, request, name)
         raise
-    await client._finish(link, request)  # the server's error, if it sent one
     reply = request.reply
     assert isinstance(reply, p.LockGranted)
     lock = Lock(
@@ -207,6 +238,34 @@ async def acquire(
         if not renewed:
             lock._released = True
             raise LockLost(f"lock {name!r} (token {lock.token}) was lost as it was granted")
+    return _hold(client, lock)
+
+
+async def _take_up(
+    client: Client, link: _Link, name: str, ttl: float, identity: str
+) -> Lock | None:
+    """After a wait in line was cut off with its connection: if the server granted the
+    lock as the connection went (the grant lost with it, and the session, resumed,
+    holds the lock), take it up by renewing it. None if it is not ours to take."""
+    state = await client._call(link, lambda i: p.LockQuery(id=i, name=name))
+    assert isinstance(state, p.LockState)
+    if state.identity != identity or (name, state.token) in client._held_locks:
+        return None  # another's, or one this client holds already
+    lock = Lock(client, name, state.token, identity, ttl, -math.inf)
+    try:
+        renewed = await lock._renew(client)  # the server renews only its session's lock
+    except BaseException:
+        lock._released = True
+        raise
+    if not renewed:
+        lock._released = True
+        return None
+    return _hold(client, lock)
+
+
+def _hold(client: Client, lock: Lock) -> Lock:
+    """``lock`` is ours: known to the client, renewed until released or lost."""
+    client._held_locks.add((lock.name, lock.token))
     assert client._nursery is not None
     client._nursery.start_soon(lock._renew_until_lost)
     return lock

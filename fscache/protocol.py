@@ -70,6 +70,7 @@ import cbor2
 
 from fscache.errors import ProtocolError, TooLarge
 from fscache.settings import DEFAULT_MAX_FRAME as DEFAULT_MAX_FRAME  # re-exported
+from fscache.settings import BadSetting
 
 PROTOCOL_VERSION = 2  # 2: sessions in the hello and the welcome
 HEADER = struct.Struct(">I")
@@ -621,6 +622,10 @@ class _Mismatch(Exception):
     pass
 
 
+class _OutOfRange(_Mismatch):
+    """The value is of the right type, outside what the field takes."""
+
+
 def _exact(kind: type) -> Check:
     def check(value: Any) -> Any:
         if type(value) is not kind:
@@ -638,7 +643,7 @@ def _int(value: Any) -> int:
     if type(value) is not int:
         raise _Mismatch(f"expected int, got {type(value).__name__}")
     if not -_UINT_LIMIT <= value < _UINT_LIMIT:  # a bignum: CBOR's own integers stop there
-        raise _Mismatch("integer out of range")
+        raise _OutOfRange("integer out of range")
     return value
 
 
@@ -649,7 +654,7 @@ def _number(value: Any) -> float:
     if type(value) is not float:
         raise _Mismatch(f"expected a number, got {type(value).__name__}")
     if not math.isfinite(value):
-        raise _Mismatch(f"expected a finite number, got {value!r}")
+        raise _OutOfRange(f"expected a finite number, got {value!r}")
     return value
 
 
@@ -681,8 +686,8 @@ def _list_of(inner: Check) -> Check:
 
 
 def _tuple_of(items: tuple[Check, ...]) -> Check:
-    def check(value: Any) -> Any:
-        if type(value) is not list or len(value) != len(items):
+    def check(value: Any) -> Any:  # a list as decoded, a tuple as sent (check_fields)
+        if type(value) not in (list, tuple) or len(value) != len(items):
             raise _Mismatch(f"expected an array of {len(items)}")
         return tuple(inner(item) for inner, item in zip(items, value, strict=True))
 
@@ -834,6 +839,21 @@ def _check_body(body: Any) -> Message:
     if type(message) is Entries:
         _check_columns(len(message.names), message)
     return message
+
+
+def check_fields(message: Message) -> None:
+    """Refuse ``message`` as its peer's field checks would, before it is sent:
+    :class:`TypeError` for a field of the wrong type, :class:`BadSetting` (a
+    ValueError) for one out of range. A caller's bad argument is then the caller's
+    error, instead of a frame the peer answers by closing the connection."""
+    kind = message.TYPE
+    for field in _SCHEMA_OF[type(message)].fields:
+        try:
+            field.check(getattr(message, field.name))
+        except _OutOfRange as exc:
+            raise BadSetting(f"{kind}.{field.name}: {exc}") from None
+        except _Mismatch as exc:
+            raise TypeError(f"{kind}.{field.name}: {exc}") from None
 
 
 def _check_columns(count: int, entries: Entries) -> None:

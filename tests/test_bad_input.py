@@ -23,6 +23,7 @@ import trio.testing
 import fscache
 from fscache import protocol as p
 from fscache.server.service import ServerSettings, serve
+from fscache.settings import BadSetting
 
 from .harness import Cluster, RawPeer
 
@@ -121,6 +122,40 @@ async def test_client_api_raises_typed_errors(cluster):
         with pytest.raises(fscache.IsADirectory):
             await c.write("", b"x") if False else await c.listdir("f")
         assert isinstance(fscache.Conflict("x"), fscache.FscacheError)
+
+
+async def test_arguments_the_server_would_refuse_are_refused_before_they_are_sent(cluster):
+    """A mistyped or out-of-range argument is the caller's error: it costs neither the
+    connection nor another request waiting on it."""
+    async with cluster.client("c") as c, cluster.client("h") as holder:
+        held = await holder.acquire("l", 5.0)
+        async with trio.open_nursery() as nursery:
+            waiter: list[object] = []
+
+            async def wait_in_line() -> None:
+                waiter.append(await c.acquire("l", 5.0))
+
+            nursery.start_soon(wait_in_line)
+            await trio.sleep(0.1)
+            bad_calls = [
+                (TypeError, "acquire.identity: expected str",
+                 lambda: c.acquire("m", 5.0, identity=123)),
+                (TypeError, "write.if_version: expected int",
+                 lambda: c.write("f", b"x", if_version="1")),
+                (BadSetting, "write.if_version: integer out of range",
+                 lambda: c.write("f", b"x", if_version=2**70)),
+                (BadSetting, "write.fence: integer out of range",
+                 lambda: c.write("f", b"x", fence=("l", 2**70))),
+                (fscache.TooLarge, "over the server's frame limit",
+                 lambda: c.acquire("m", 5.0, identity="x" * (p.DEFAULT_MAX_FRAME + 1))),
+            ]  # fmt: skip
+            for kind, message, call in bad_calls:
+                with pytest.raises(kind, match=message):
+                    await call()
+            await held.release()
+        assert [lock.token for lock in waiter] == [2]  # its wait went on undisturbed
+        assert c.stats["reconnects"] == 0 and c.stats["unavailable"] == 0
+    await assert_service_unharmed(cluster)
 
 
 async def test_a_client_that_stops_reading_is_dropped_and_others_carry_on(nursery, root):

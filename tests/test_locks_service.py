@@ -33,6 +33,7 @@ from fscache.paths import RESERVED_PREFIX
 from fscache.server import locks as server_locks
 from fscache.server.locks import LOG_FILE, TABLE_FILE, encode_records
 from fscache.server.service import FileService, ServerSettings, serve
+from fscache.settings import BadSetting
 
 from .harness import Cluster
 
@@ -302,31 +303,87 @@ async def test_renewal_carries_on_through_a_reconnect(
         assert await a.leader("l") == "a"
 
 
-async def test_a_waiter_cut_off_loses_its_place_and_the_next_is_granted(
+async def test_a_waiter_cut_off_waits_again_after_its_reconnect_behind_the_others(
     cluster: Cluster, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with cluster.client("a") as a, cluster.client("b") as b, cluster.client("c") as c:
         first = await a.acquire("l", TTL)
-        outcomes: list[object] = []
+        granted: list[tuple[str, int]] = []
 
         async def wait(client: fscache.Client, name: str) -> None:
-            try:
-                lock = await client.acquire("l", TTL)
-            except fscache.Unavailable:
-                outcomes.append((name, "unavailable"))
-            else:
-                outcomes.append((name, lock.token))
+            lock = await client.acquire("l", TTL)
+            granted.append((name, lock.token))
+            await trio.sleep(1.0)
+            await lock.release()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(wait, b, "b")
             await trio.sleep(0.5)
             nursery.start_soon(wait, c, "c")
             await trio.sleep(0.5)
-            await cluster.cut("b")
-            await trio.sleep(0.5)
+            await cluster.cut("b")  # b's place in line goes with its connection ...
+            await trio.sleep(2.0)  # ... and it asks again once reconnected
             await first.release()
-        assert outcomes == [("b", "unavailable"), ("c", 2)]
-        assert await a.leader("l") == "c"
+        assert granted == [("c", 2), ("b", 3)]
+        assert b.stats["reconnects"] == 1
+
+
+async def test_a_grant_lost_with_its_connection_is_taken_up_after_the_reconnect(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The server grants a waiter its lock just as the waiter's connection goes: the
+    grant is lost, the session (resumed) holds the lock. The waiter takes it up with a
+    renewal rather than waiting behind itself until it expires."""
+    async with cluster.client("a") as a, cluster.client("b") as b, cluster.client("c") as c:
+        first = await a.acquire("l", TTL)
+        async with trio.open_nursery() as nursery:
+            b_lock: list[object] = []
+
+            async def wait_b() -> None:
+                b_lock.append(await b.acquire("l", TTL))
+
+            nursery.start_soon(wait_b)
+            await trio.sleep(0.5)
+            cluster.reset("b")  # the grant is sent, and arrives as a reset connection
+            await first.release()
+        (lock,) = b_lock
+        assert isinstance(lock, Lock) and lock.token == 2 and lock.held
+        assert b.stats["reconnects"] == 1
+        with pytest.raises(fscache.LockTimeout):
+            await c.acquire("l", TTL, timeout=0)  # b holds it, and knows it
+        await trio.sleep(3 * TTL)
+        assert lock.held  # renewed from then on
+        await lock.release()
+        assert (await c.acquire("l", TTL, timeout=0)).token == 3
+
+
+async def test_an_acquire_cancelled_as_its_grant_comes_in_holds_nothing(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with cluster.client("a") as a, cluster.client("b") as b:
+        with trio.CancelScope() as scope:
+            finish = b._finish
+
+            async def cancelled_at_the_finish(*args: object) -> None:
+                scope.cancel()  # the grant is in; the cancellation comes at the checkpoint
+                await finish(*args)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(b, "_finish", cancelled_at_the_finish)
+            await b.acquire("l", TTL)
+        assert scope.cancelled_caught
+        monkeypatch.undo()
+        lock = await a.acquire("l", TTL, timeout=0)  # b gave its grant back at once
+        assert lock.token == 2
+
+
+@pytest.mark.parametrize("timeout", [-1.0, math.nan, -math.inf, "1", True])
+async def test_a_bad_timeout_is_refused_before_anything_is_sent(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock, timeout: object
+) -> None:
+    async with cluster.client("a") as a:
+        with pytest.raises(BadSetting, match="timeout"):
+            await a.acquire("l", TTL, timeout=timeout)  # type: ignore[arg-type]
+        assert (await a.acquire("l", TTL)).token == 1  # no token was used up
 
 
 async def test_a_renewal_refused_after_a_server_restart_loses_the_lock_at_once(
