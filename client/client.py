@@ -435,6 +435,7 @@ class Client:
         self._lock_watches = locks.LockWatches()
         self._held_locks: set[tuple[str, int]] = set()  # (name, token) of our live locks
         self._ephemeral: dict[str, bytes] = {}  # path: data, written again in a new session
+        self._ephemeral_held = trio.Event()  # set when _ephemeral may have become non-empty
         self._write_again = False  # a new session came; not all of _ephemeral written yet
 
     # ------------------------------------------------------------ public API
@@ -535,6 +536,7 @@ class Client:
         if ephemeral:
             assert isinstance(data, bytes | bytearray | memoryview)
             self._ephemeral[path] = bytes(data)
+            self._ephemeral_held.set()  # the keep-alive pings from now on
         return version
 
     async def _write_whole(
@@ -1487,6 +1489,7 @@ class Client:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._watchdog, link)
                     nursery.start_soon(self._relinquisher, link)
+                    nursery.start_soon(self._keep_alive, link)
                     if self._write_again:
                         nursery.start_soon(self._write_ephemeral_again)
                     await self._read_link(link)
@@ -1534,6 +1537,37 @@ class Client:
                 if batch:
                     self._next_id += 1
                     await link.send(self._relinquish_message(self._next_id, batch))
+
+    async def _keep_alive(self, link: _Link) -> None:
+        """While we hold ephemeral files, ping every third of the server's session TTL:
+        the server cuts a session that holds them and is silent for the TTL (a hung
+        client keeps its files no longer than a dead one). Asks the TTL once per
+        connection (``stats``); parks, with no timer, while we hold none."""
+        interval: float | None = None
+        while True:
+            if not self._ephemeral:
+                self._ephemeral_held = held = trio.Event()
+                await held.wait()
+                continue
+            if interval is None:
+                interval = await self._keep_alive_interval(link)
+            await trio.sleep(interval)
+            if self._ephemeral:
+                await self._call(link, lambda i: p.Ping(id=i))
+
+    async def _keep_alive_interval(self, link: _Link) -> float:
+        """A third of the server's session TTL (PING_AFTER if it does not say)."""
+        try:
+            stats = await self._call(link, lambda i: p.GetStats(id=i))
+        except Unavailable:
+            raise
+        except FscacheError:  # refused: ping often enough anyway
+            return PING_AFTER
+        assert isinstance(stats, p.StatsResult)
+        ttl = stats.counters.get("session_ttl")
+        if isinstance(ttl, int | float) and not isinstance(ttl, bool) and ttl > 0:
+            return ttl / 3
+        return PING_AFTER
 
     async def _write_ephemeral_again(self) -> None:
         """A new session: the files our old one tied are deleted (or will be) with it.

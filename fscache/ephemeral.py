@@ -130,6 +130,10 @@ class EphemeralTable:
         """Every tie, path: session (a copy)."""
         return dict(self._ties)
 
+    def sessions(self) -> list[HolderId]:
+        """The sessions that have files tied to them."""
+        return list(self._by_session)
+
     def next_deadline(self) -> float | None:
         """The table has no timers: a session's end comes from the session table, and
         its deletes wait in the lease table."""

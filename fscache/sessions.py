@@ -140,6 +140,14 @@ class SessionTable:
         """When a detached ``session`` expires; None while it is attached."""
         return self._sessions[session].expires
 
+    def is_silent(self, heard_at: float, now: float) -> bool:
+        """Whether a connection last heard from at ``heard_at`` counts as lost at
+        ``now``: silent for the TTL. The server applies this to the sessions that hold
+        ephemeral files (their clients ping more often than that), and detaches such a
+        session as of ``heard_at``: a hung client, or one cut off without its
+        connection closing, keeps its files no longer than a dead one."""
+        return now - heard_at >= self.ttl
+
     def next_deadline(self) -> float | None:
         """When :meth:`tick` next has something to do, or None."""
         heap = self._expiry_heap

@@ -455,6 +455,8 @@ class Connection:
     attachment: int = 0  # its number in the session table
     in_flight: int = 0  # requests the lease table holds (queued reads, waiting writes)
     received_at: float = 0.0  # when the batch being handled arrived
+    heard_at: float = 0.0  # when the client last sent anything
+    silent: bool = False  # cut for silence: its session is detached as of heard_at
     slot_freed: trio.Event = dataclasses.field(default_factory=trio.Event)
 
     def send(self, message: p.Message) -> None:
@@ -635,6 +637,7 @@ class FileService:
             await nursery.start(self.locks.run)
             self._delete_tied(self.ephemeral.recover(trio.current_time()))
             nursery.start_soon(self._watch_sends)
+            nursery.start_soon(self._watch_silence)
             task_status.started()
 
     async def _accept(
@@ -917,8 +920,9 @@ class FileService:
                     ended = False
                     if connection.goodbye:
                         ended = self.sessions.end(holder, connection.attachment, now)
-                    else:
-                        self.sessions.detach(holder, connection.attachment, now)
+                    else:  # lost (as of its last message if cut for silence)
+                        lost_at = connection.heard_at if connection.silent else now
+                        self.sessions.detach(holder, connection.attachment, lost_at)
                         self._wake_timer_by(self.sessions.next_deadline())
                     self._execute(
                         self.table.disconnected(holder, goodbye=connection.goodbye, now=now)
@@ -950,6 +954,28 @@ class FileService:
                     connection.alive = False
                     connection.cancel.cancel()
 
+    async def _watch_silence(self) -> None:
+        """Cut the connection of each session that holds ephemeral files and has sent
+        nothing for the session TTL (its client pings every third of it): its session
+        is detached as of its last message, so it expires and its files go
+        (:meth:`fscache.sessions.SessionTable.is_silent`). A look every quarter TTL,
+        at the sessions with files only."""
+        sessions = self.sessions
+        while True:
+            await trio.sleep(sessions.ttl / 4)
+            now = trio.current_time()
+            for holder in self.ephemeral.table.sessions():
+                connection = self.connections.get(holder)
+                if connection is None or not sessions.is_silent(connection.heard_at, now):
+                    continue
+                log.info(
+                    "%s: silent for %.1f s holding ephemeral files; its session ends",
+                    connection.peer, now - connection.heard_at,
+                )  # fmt: skip
+                connection.silent = True
+                connection.alive = False
+                connection.cancel.cancel()
+
     async def _send_loop(self, outbox: Outbox, cancel: trio.CancelScope) -> None:
         try:
             with _transport_errors():
@@ -969,6 +995,7 @@ class FileService:
         outbox = connection.outbox
         buffered_first = True  # frames may have come in the hello's packet
         received_at = frame_began = trio.current_time()  # frame_began: the buffered frame's
+        connection.heard_at = received_at
         max_in_flight = self.settings.max_in_flight
         frame_timeout = self.settings.frame_timeout
         while not connection.goodbye:
@@ -986,7 +1013,7 @@ class FileService:
                     data = await wire.receive()
                 if not data:
                     return
-                received_at = trio.current_time()
+                received_at = connection.heard_at = trio.current_time()
                 if not decoder.buffered:
                     frame_began = received_at
                 decoder.feed(data)
@@ -1818,6 +1845,8 @@ def _closed_because(connection: Connection, exc: BaseException | None) -> str:
     """Why a connection ended, for its disconnect event."""
     if connection.goodbye:
         return "goodbye"
+    if connection.silent:
+        return "silent for the session TTL, holding ephemeral files"
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]  # a nursery's wrapping
     if exc is None:

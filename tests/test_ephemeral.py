@@ -26,6 +26,18 @@ def test_an_ephemeral_write_ties_the_file_to_its_session() -> None:
     assert table.session_ended(B, 5.0) == []
 
 
+def test_the_sessions_with_files_are_those_with_a_tie_left() -> None:
+    table = EphemeralTable()
+    assert table.sessions() == []
+    apply(table, Rewrite("a", A))
+    apply(table, Rewrite("b", A))
+    apply(table, Rewrite("c", B))
+    assert sorted(table.sessions()) == [A, B]
+    apply(table, Rewrite("c"))  # B's last tie goes
+    apply(table, Rewrite("a"))  # A keeps b
+    assert table.sessions() == [A]
+
+
 def test_a_plain_write_or_delete_unties() -> None:
     table = EphemeralTable()
     apply(table, Rewrite("f", A))

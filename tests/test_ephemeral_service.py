@@ -100,6 +100,46 @@ async def test_a_detached_session_loses_its_files_at_its_ttl_after_readers_appro
     assert trio.current_time() == at(cut_at + TTL)
 
 
+async def test_a_silent_holder_loses_its_files_a_ttl_after_its_last_message(
+    cluster: Cluster, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A client hung, or cut off without its connection closing: connected, silent.
+    The server cuts it once silent for the TTL (a look every quarter TTL) and detaches
+    its session as of its last message: its files go as a dead client's would."""
+    owner = await cluster.raw("owner")
+    await register(owner, "svc/n1")
+    await owner.send(p.Relinquish(id=2, paths=["svc/n1"]))  # else its own lease is waited out
+    assert await owner.receive() == p.Done(id=2)
+    last = trio.current_time()  # from here on it sends nothing, and stays connected
+
+    await trio.sleep_until(last + TTL - 0.001)
+    assert (root / "svc/n1").exists()
+    with trio.fail_after(3 * TTL):
+        while (root / "svc/n1").exists():
+            await trio.sleep(0.01)
+    assert last + TTL <= trio.current_time() <= last + TTL + TTL / 4 + 0.01
+    assert await owner.receive() is None  # it was cut
+
+
+async def test_a_live_client_keeps_its_files_however_long_it_is_idle(
+    cluster: Cluster, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Its keep-alive pings every third of the session TTL while it holds ephemeral
+    files; a client that holds none sends nothing while idle."""
+    assert cluster.service is not None
+    async with cluster.client("reg") as reg, cluster.client("idle") as idle:
+        await idle.write("plain", b"x")
+        await reg.write("svc/n1", b"addr", ephemeral=True)
+        await trio.sleep(10 * TTL)
+        assert (root / "svc/n1").exists()
+        assert reg.stats["reconnects"] == 0
+        pings = cluster.service.stats()["pings"]
+        assert 3 * 10 - 2 <= pings <= 3 * 10 + 2  # the registrar's, every TTL / 3
+        await reg.delete("svc/n1")  # none held any more: the pings stop
+        await trio.sleep(10 * TTL)
+        assert cluster.service.stats()["pings"] <= pings + 1
+
+
 async def test_a_crashed_writers_own_lease_is_waited_out_too(
     cluster: Cluster, root: pathlib.Path, autojump_clock: trio.testing.MockClock
 ) -> None:

@@ -61,6 +61,15 @@ def test_a_negative_ttl_is_refused_by_the_one_duration_check() -> None:
         SessionTable(ttl=-1.0, prefix="e")
 
 
+def test_a_connection_silent_for_the_ttl_counts_as_lost() -> None:
+    t = table()
+    assert not t.is_silent(heard_at=5.0, now=5.0 + TTL - 0.001)
+    assert t.is_silent(heard_at=5.0, now=5.0 + TTL)
+    attached = opened(t, now=0.0)
+    t.detach(attached.session, attached.attachment, now=5.0)  # as of its last message
+    assert t.expires(attached.session) == 5.0 + TTL
+
+
 def test_two_opens_with_one_label_are_two_sessions() -> None:
     t = table()
 
