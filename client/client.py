@@ -418,6 +418,7 @@ class Client:
         self._session: tuple[str, bytes] | None = None  # (id, secret) from the welcome
         self._link: _Link | None = None
         self._link_changed = trio.Event()
+        self._link_wanted = trio.Event()  # set by a request waiting for a lost connection
         self._next_id = 0
         self._inflight: dict[str, _Request] = {}  # single-flight misses, by path
         self._to_relinquish: list[str] = []
@@ -1459,7 +1460,13 @@ class Client:
         failures = 0
         while not self._closing:
             if connection is None:
-                await trio.sleep(backoff_delay(failures))
+                # The backoff's wait, cut short when a request waits for the connection
+                # (it would fail for want of an attempt after the server is back): then
+                # the wait is a first attempt's, still jittered.
+                with trio.move_on_after(backoff_delay(failures)):
+                    await self._link_wanted.wait()
+                    await trio.sleep(backoff_delay(0))
+                self._link_wanted = trio.Event()
                 try:
                     connection = await self._connect_once(RECONNECT_WELCOME_TIMEOUT)
                 except FscacheError as exc:
@@ -1613,6 +1620,7 @@ class Client:
         link = self._link
         if link is not None and not link.broken:
             return link
+        self._link_wanted.set()  # try to connect now, not at the end of a backoff
         with trio.move_on_after(RECONNECT_WAIT):
             while self._link is None or self._link.broken:
                 await self._link_changed.wait()

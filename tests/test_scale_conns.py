@@ -31,6 +31,7 @@ from fscache.bench.scale_conns import (
     measure_restart_storm,
 )
 from fscache.cli import parse_serving_line
+from fscache.client import client as client_mod
 from fscache.client.client import (
     BACKOFF_FIRST,
     BACKOFF_MAX,
@@ -255,6 +256,47 @@ async def test_the_first_attempt_after_a_lost_connection_is_jittered_too(nursery
         while client.stats["reconnects"] == 0:
             await trio.sleep(0.01)
         assert 0 < server.attempts[1] - gone <= BACKOFF_FIRST
+
+
+async def test_a_request_waiting_for_the_connection_cuts_the_backoff_short(
+    nursery, autojump_clock, monkeypatch
+):
+    """After a long outage the backoff's bound is BACKOFF_MAX: a request made just as
+    the server is back would fail for want of an attempt. It asks for one at once
+    (still jittered, as a first attempt is) and is answered."""
+    monkeypatch.setattr(client_mod._jitter, "uniform", lambda low, high: high)  # the bounds
+    lost = trio.Event()
+    down = True
+
+    async def script(n: int, peer: RawPeer) -> None:
+        assert isinstance(await peer.receive(), p.Hello)
+        await peer.send(_welcome(f"s{n}"))
+        if n == 0:
+            await peer.close()  # the server goes away ...
+            lost.set()
+            return
+        while (message := await peer.receive()) is not None:
+            if isinstance(message, p.GetStats):
+                await peer.send(p.StatsResult(id=message.id, counters={"up": 1}))
+
+    server = _Restarts(nursery, script)
+
+    async def open_stream() -> trio.abc.Stream:
+        if down and server.attempts:
+            server.attempts.append(trio.current_time())
+            raise OSError(111, "connection refused")  # ... for a while
+        return await server.open()
+
+    async with fscache.open_client(opener=open_stream, clock=trio.current_time) as client:
+        await lost.wait()
+        back = trio.current_time() + 20.0
+        await trio.sleep_until(back)  # attempts at 0.25, 0.75, 1.75, 3.75, 7.75, ... 19.75
+        down = False
+        await trio.sleep(0.1)
+        asked = trio.current_time()
+        assert await client.server_stats() == {"up": 1}  # the next attempt was not at 23.75
+        assert trio.current_time() - asked <= BACKOFF_FIRST
+        assert client.stats["reconnects"] == 1
 
 
 async def test_a_reconnecting_client_waits_its_turn_for_the_welcome(nursery, autojump_clock):
