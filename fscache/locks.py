@@ -87,6 +87,7 @@ class Record:
     token: int
     ttl: float
     held: bool
+    identity: str | None = None  # who held it, when held (told by ``leader`` meanwhile)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -166,6 +167,7 @@ class _Name:
     expiry: float = -math.inf  # server clock: receipt of the last acquire or renewal + ttl
     free_at: float = -math.inf  # no grant before: expiry + skew, or the restart hold
     queue: deque[_Waiter] = dataclasses.field(default_factory=deque)
+    held_back_by: str | None = None  # during a restart hold: who held it before
 
 
 class LockTable:
@@ -187,6 +189,7 @@ class LockTable:
             state = self._names[record.name] = _Name(record.token, record.ttl)
             if record.held:
                 state.free_at = now + record.ttl + self.skew
+                state.held_back_by = record.identity
                 self._busy.add(record.name)
         # counters the server reports
         self.locks_granted = 0
@@ -203,6 +206,21 @@ class LockTable:
         if state is None or state.holder is None or now >= state.free_at:
             return None
         return state.holder
+
+    def state_of(self, name: str, now: float) -> tuple[int, str | None]:
+        """``(token, identity)`` of who holds ``name``, as a query or a watch is told:
+        the holder; during a restart hold, the holder the previous incarnation recorded
+        (it may still believe it holds the lock, and no one else is granted it); else
+        nobody (None), with the newest token granted."""
+        state = self._names.get(name)
+        if state is None:
+            return 0, None
+        holder = self.holder(name, now)
+        if holder is not None:
+            return holder.token, holder.identity
+        if state.holder is None and now < state.free_at:  # held back
+            return state.token, state.held_back_by
+        return state.token, None
 
     def newest_token(self, name: str) -> int:
         """The newest token granted for ``name`` (0: never)."""
@@ -224,11 +242,13 @@ class LockTable:
         chosen = self._names if names is None else names
         return [
             Record(
-                name, state.token, state.ttl, held=state.holder is not None or name in self._busy
+                name, state.token, state.ttl, held=state.holder is not None or name in self._busy,
+                identity=state.holder.identity if state.holder is not None
+                else state.held_back_by,
             )
             for name in chosen
             if (state := self._names.get(name)) is not None
-        ]
+        ]  # fmt: skip
 
     def held(self, now: float) -> int:
         """How many names are held."""
@@ -320,6 +340,9 @@ class LockTable:
                 effects += self._free(name, state, now)
             else:  # a restart hold is over: the record may say free again
                 state.free_at = -math.inf
+                if state.held_back_by is not None:  # watchers were told who held it
+                    state.held_back_by = None
+                    effects.append(Changed(name, state.token, None))
                 effects += self._advance(name, state, now) or [Persist(name)]
         return effects
 

@@ -95,10 +95,10 @@ def encode_records(records: list[Record]) -> bytes:
     """Log lines: each record's CRC32 (8 hex digits), a space, its JSON, a newline."""
     lines = []
     for r in records:
-        body = json.dumps(
-            {"name": r.name, "token": r.token, "ttl": r.ttl, "held": r.held},
-            separators=(",", ":"),
-        ).encode()
+        fields = {"name": r.name, "token": r.token, "ttl": r.ttl, "held": r.held}
+        if r.identity is not None:  # (a record without it reads as before)
+            fields["identity"] = r.identity
+        body = json.dumps(fields, separators=(",", ":")).encode()
         lines.append(b"%08x %s\n" % (zlib.crc32(body), body))
     return b"".join(lines)
 
@@ -136,12 +136,16 @@ def _decode_line(line: bytes) -> Record | None:
         if not space or len(crc) != 8 or int(crc, 16) != zlib.crc32(body):
             return None
         return _record(json.loads(body))
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
 def _record(r: Any) -> Record:
-    return Record(str(r["name"]), int(r["token"]), float(r["ttl"]), bool(r["held"]))
+    identity = r.get("identity")
+    return Record(
+        str(r["name"]), int(r["token"]), float(r["ttl"]), bool(r["held"]),
+        None if identity is None else str(identity),
+    )  # fmt: skip
 
 
 class LockService:
@@ -216,9 +220,7 @@ class LockService:
             if isinstance(message, p.LockWatch):
                 self._watchers.setdefault(name, set()).add(connection)
                 self._watching.setdefault(connection, set()).add(name)
-            holder = self.table.holder(name, now)
-            token = self.table.newest_token(name) if holder is None else holder.token
-            identity = None if holder is None else holder.identity
+            token, identity = self.table.state_of(name, now)
             connection.send(p.LockState(id=message.id, token=token, identity=identity))
         else:
             raise ProtocolError(f"{message.TYPE} is not a lock request")

@@ -59,7 +59,7 @@ def test_a_free_name_is_granted_at_once_with_token_one() -> None:
     assert locks.acquire(OpId(1), A, "l", TTL, "a", now=2.0) == granted(1, A, 1)
     assert locks.holder("l", 2.0) == Holder(A, "a", 1)
     assert locks.next_deadline() == 2.0 + TTL + SKEW
-    assert locks.records() == [Record("l", 1, TTL, held=True)]
+    assert locks.records() == [Record("l", 1, TTL, held=True, identity="a")]
 
 
 def test_acquires_of_a_held_name_queue_in_arrival_order() -> None:
@@ -198,6 +198,19 @@ def test_a_restarted_table_holds_a_maybe_held_name_back_for_its_ttl_plus_skew() 
     assert locks.tick(100.0 + 7.0 + SKEW) == granted(3, B, 5, "held")
 
 
+def test_during_a_restart_hold_the_recorded_holder_is_told_and_its_end_is_a_change() -> None:
+    locks = table(records=[Record("l", 2, TTL, held=True, identity="old leader")], now=0.0)
+    assert locks.holder("l", 1.0) is None  # no session of ours holds it ...
+    assert locks.state_of("l", 1.0) == (2, "old leader")  # ... but it may believe it does
+    assert locks.records() == [Record("l", 2, TTL, held=True, identity="old leader")]
+    assert locks.tick(TTL + SKEW) == [Changed("l", 2, None), Persist("l")]
+    assert locks.state_of("l", TTL + SKEW) == (2, None)
+    assert locks.state_of("never", 0.0) == (0, None)
+    before = table(records=[Record("l", 2, TTL, held=True)], now=0.0)  # written unnamed
+    assert before.state_of("l", 1.0) == (2, None)
+    assert before.tick(TTL + SKEW) == [Persist("l")]
+
+
 def test_a_hold_that_ends_with_no_one_waiting_leaves_the_name_free() -> None:
     locks = table(records=[Record("l", 2, TTL, held=True)], now=0.0)
     assert locks.tick(just_before(TTL + SKEW)) == []
@@ -210,7 +223,7 @@ def test_a_hold_that_ends_with_no_one_waiting_leaves_the_name_free() -> None:
 def test_records_say_held_until_released_or_expired() -> None:
     locks = table()
     locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
-    assert locks.records() == [Record("l", 1, TTL, held=True)]
+    assert locks.records() == [Record("l", 1, TTL, held=True, identity="a")]
     locks.tick(TTL + SKEW)
     assert locks.records() == [Record("l", 1, TTL, held=False)]
 
@@ -224,7 +237,7 @@ def test_records_of_the_names_persisted_leave_the_others_out() -> None:
     assert sorted(persisted) == ["a", "b"]
     effects = locks.acquire(OpId(3), B, "b", TTL, "b", now=TTL + SKEW)
     persisted = [e.name for e in effects if isinstance(e, Persist)]
-    assert locks.records(persisted) == [Record("b", 2, TTL, held=True)]
+    assert locks.records(persisted) == [Record("b", 2, TTL, held=True, identity="b")]
     assert locks.records(["never"]) == []
 
 

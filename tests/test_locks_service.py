@@ -454,8 +454,10 @@ async def test_tokens_survive_a_restart_and_a_maybe_held_lock_is_held_back(
         async with second.client("b") as b:
             again = await b.acquire("freed", TTL)
             assert again.token == 2 and trio.current_time() == at(started)
+            assert await b.leader("held") == "a"  # held back: a may believe it holds it
             taken = await b.acquire("held", TTL)
             assert taken.token == 2 and trio.current_time() == at(started + 5.0 + SKEW)
+            assert await b.leader("held") == "b"
             assert lock.lost.is_set()  # a gave up at 5.0 - SKEW, before b was granted
 
 
@@ -470,7 +472,7 @@ async def test_each_grant_and_release_appends_its_record_alone_however_many_name
         lock = await a.acquire("n/7", TTL)
         assert lock.token == 2
         assert log_of(root).stat().st_size - before == len(
-            encode_records([Record("n/7", 2, TTL, held=True)])
+            encode_records([Record("n/7", 2, TTL, held=True, identity="a")])
         )
         await lock.release()
         assert (
@@ -478,7 +480,10 @@ async def test_each_grant_and_release_appends_its_record_alone_however_many_name
             .read_bytes()
             .endswith(
                 encode_records(
-                    [Record("n/7", 2, TTL, held=True), Record("n/7", 2, TTL, held=False)]
+                    [
+                        Record("n/7", 2, TTL, held=True, identity="a"),
+                        Record("n/7", 2, TTL, held=False),
+                    ]
                 )
             )
         )
@@ -570,7 +575,10 @@ async def test_a_failed_append_refuses_its_grant_and_the_log_is_rewritten_next(
         lock = await a.acquire("m", TTL)  # a rewrite: the torn batch is gone
         assert lock.token == 1
         assert log_of(root).read_bytes() == encode_records(
-            [Record("l", 2, TTL, held=True), Record("m", 1, TTL, held=True)]
+            [
+                Record("l", 2, TTL, held=True, identity="a"),
+                Record("m", 1, TTL, held=True, identity="a"),
+            ]
         )
 
 
