@@ -315,6 +315,22 @@ class SessionMachine(RuleBasedStateMachine):
             if current and state is not None:
                 state.attachment, state.expires = None, self.now + 3.0
 
+    @precondition(lambda self: self.attachments)
+    @rule(data=st.data(), silent_for=st.sampled_from([0.5, 2.9, 3.0, 4.5]))
+    def a_silent_connection_is_cut(self, data: st.DataObject, silent_for: float) -> None:
+        """The server's look at a connection last heard ``silent_for`` ago: cut once
+        silent for the TTL, its session detached as of its last message."""
+        session, attachment = data.draw(st.sampled_from(self.attachments))
+        heard_at = self.now - silent_for
+        if not self.table.is_silent(heard_at, self.now):
+            assert silent_for < 3.0
+            return
+        assert silent_for >= 3.0
+        state = self.model.get(session)
+        self.table.detach(session, attachment, heard_at)
+        if state is not None and state.attachment == attachment:
+            state.attachment, state.expires = None, heard_at + 3.0  # due now, or past
+
     @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 3.0]))
     def time_passes(self, dt: float) -> None:
         self.now += dt
