@@ -775,8 +775,9 @@ class Client:
     ) -> locks.Lock:
         """Take the lock ``name`` for ``ttl`` seconds, renewed in the background until
         released or lost; waits in line (at most ``timeout`` seconds, then
-        :class:`LockTimeout`; 0: one try). ``identity``: who holds it, for
-        :meth:`leader` (default: our client_id)."""
+        :class:`LockTimeout`; 0: one try), through lost connections (it asks again
+        once reconnected). ``identity``: who holds it, for :meth:`leader` (default:
+        our client_id)."""
         return await locks.acquire(self, name, ttl, timeout=timeout, identity=identity)
 
     def lock(
