@@ -1215,8 +1215,8 @@ class Client:
             frame = p.encode(built)
             if len(frame) - p.HEADER.size > link.welcome.max_frame:
                 raise TooLarge(
-                    f"a {built.TYPE} of {len(frame)} bytes is over the server's frame limit"
-                    f" of {link.welcome.max_frame}"
+                    f"{built.TYPE}: a frame of {len(frame)} bytes is over the server's frame"
+                    f" limit of {link.welcome.max_frame}"
                 )
         request.id = request_id
         request.sent_at = self._clock()

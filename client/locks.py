@@ -22,7 +22,9 @@ and trusted from the renewal's send time.
 
 An acquire that times out sends a release with token 0 (stop waiting). The
 server answers requests in order, so if the grant went out first it arrives
-first, and the client releases it at once: a timed-out acquire holds nothing.
+first, and the client releases it at once; a grant the server has made but not
+sent yet (its record is on its way to disk) the server releases itself, and never
+sends: a timed-out acquire holds nothing.
 
 A wait in line whose connection is lost goes on after the reconnect (within its
 timeout): the server dropped it from the line, so the client asks again. If the
@@ -109,9 +111,28 @@ class Lock:
         link = client._link
         if self.lost.is_set() and (link is None or link.broken):
             return
-        with trio.move_on_after(RELEASE_WAIT), contextlib.suppress(Unavailable):
-            link = await client._current_link()
-            await client._call(link, lambda i: p.Release(id=i, name=self.name, token=self.token))
+        if not await self._send_release(RELEASE_WAIT) and client._nursery is not None:
+            # Cut off: the session, resumed, may hold it still. Release it from the next
+            # connection, in the background, while it could be held.
+            client._nursery.start_soon(self._send_release, self.ttl + _skew(client))
+
+    async def _send_release(self, within: float) -> bool:
+        """Send the release, through reconnects, for at most ``within`` seconds; True
+        once the server has answered it (or the client is closing)."""
+        client = self._client
+        with trio.move_on_after(within):
+            while True:
+                try:
+                    link = await client._current_link()
+                    await client._call(
+                        link, lambda i: p.Release(id=i, name=self.name, token=self.token)
+                    )
+                    return True
+                except Unavailable:
+                    await trio.sleep(RENEW_RETRY)
+                except FscacheError:  # the client is closing: its goodbye releases it
+                    return True
+        return False
 
     def raise_if_lost(self) -> None:
         """Raise :class:`LockLost` if the lock was lost while it was held."""
@@ -324,8 +345,12 @@ def fence_of(fence: Lock | p.Fence | None) -> p.Fence | None:
         return None
     if isinstance(fence, Lock):
         return fence.fence
+    if not isinstance(fence, tuple | list) or len(fence) != 2:
+        raise TypeError(f"fence must be a Lock or (name, token), not {fence!r}")
     name, token = fence
-    return (normalize(name), int(token))
+    if not isinstance(token, int) or isinstance(token, bool):
+        raise TypeError(f"a fence's token must be an int, not {token!r}")
+    return (normalize(name), token)
 
 
 # ---------------------------------------------------------------- leader watches

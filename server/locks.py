@@ -8,7 +8,10 @@ to :meth:`LockService.handle` synchronously, on the event loop, with
 The one await is the durable record: a :class:`~fscache.locks.Persist` marks its
 name's record changed, and each :class:`~fscache.locks.Granted` after it waits in
 ``_unsent`` until a persister task has made the changed records durable in a worker
-thread. The records are a log in the store's private state directory: each batch of
+thread. A grant not sent yet when its acquire is given up (a release with token 0)
+is released instead of sent: sent, it would arrive after the release's answer, when
+the client has stopped waiting for it. The records are a log in the store's private
+state directory: each batch of
 changed records is appended with one ``write`` and one ``fdatasync``, so a grant
 costs one record, however many names there are. Writes are one at a time and each
 takes the records as they are when it starts, so the newest token of every grant it
@@ -148,6 +151,9 @@ def _record(r: Any) -> Record:
     )  # fmt: skip
 
 
+_Unsent = tuple[Peer, p.LockGranted, str]  # a grant waiting for its record: to whom, what, name
+
+
 class LockService:
     def __init__(
         self,
@@ -169,7 +175,8 @@ class LockService:
         self._waiting: dict[OpId, tuple[Peer, int]] = {}  # queued acquires: who, request id
         self._watchers: dict[str, set[Peer]] = {}
         self._watching: dict[Peer, set[str]] = {}
-        self._unsent: list[tuple[Peer, p.Message]] = []  # grants whose record is not on disk
+        self._unsent: list[_Unsent] = []  # grants whose record is not on disk
+        self._persisting: list[_Unsent] = []  # the grants the write under way will send
         self._changed: set[str] = set()  # names whose record is not on disk
         self._persist_wake = trio.Event()
         self._timer_wake = trio.Event()
@@ -214,6 +221,7 @@ class LockService:
                 self._execute(self.table.release(connection.holder, name, message.token, now))
             else:
                 self._execute(self.table.cancel(connection.holder, name))
+                self._withdraw(connection.holder, name, now)
             connection.send(p.Done(id=message.id))
         elif isinstance(message, p.LockQuery | p.LockWatch):
             name = normalize(message.name)
@@ -262,7 +270,7 @@ class LockService:
             elif isinstance(effect, Granted):
                 connection, request_id = self._waiting.pop(effect.op)
                 reply = p.LockGranted(id=request_id, token=effect.token, ttl=effect.ttl)
-                self._unsent.append((connection, reply))  # once the record is on disk
+                self._unsent.append((connection, reply, effect.name))  # once the record is on disk
             elif isinstance(effect, Busy):
                 connection, request_id = self._waiting.pop(effect.op)
                 error = LockTimeout(f"lock {effect.name!r} is held")
@@ -284,18 +292,30 @@ class LockService:
             if not self._changed:
                 continue
             names, self._changed = self._changed, set()
-            ready, self._unsent = self._unsent, []
+            ready = self._persisting = self._unsent  # (a withdrawn grant leaves it)
+            self._unsent = []
             try:
                 await self._write(names)
             except FscacheError as exc:  # the grants cannot be trusted to outlive us
                 log.error("lock records not saved, the grants waiting are refused: %s", exc)
                 self._rewrite = True
-                for connection, reply in ready:
-                    assert isinstance(reply, p.LockGranted)
+                for connection, reply, _ in ready:
                     connection.send(p.Error(id=reply.id, code=exc.code, message=str(exc)))
                 continue
-            for connection, reply in ready:
+            finally:
+                self._persisting = []
+            for connection, reply, _ in ready:
                 connection.send(reply)
+
+    def _withdraw(self, session: HolderId, name: str, now: float) -> None:
+        """``session`` stopped waiting for ``name`` (a release with token 0): a grant of
+        it not sent yet (its record on its way to disk) would arrive after the Done that
+        answers the release, when the client no longer takes it up. It is released
+        here instead, and never sent."""
+        for pending in (self._unsent, self._persisting):
+            for entry in [e for e in pending if e[0].holder == session and e[2] == name]:
+                pending.remove(entry)
+                self._execute(self.table.release(session, name, entry[1].token, now))
 
     async def _write(self, names: set[str]) -> None:
         """Append the records of ``names`` to the log, or rewrite it whole if it has

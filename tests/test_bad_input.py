@@ -146,7 +146,11 @@ async def test_arguments_the_server_would_refuse_are_refused_before_they_are_sen
                  lambda: c.write("f", b"x", if_version=2**70)),
                 (BadSetting, "write.fence: integer out of range",
                  lambda: c.write("f", b"x", fence=("l", 2**70))),
-                (fscache.TooLarge, "over the server's frame limit",
+                (TypeError, "a fence's token must be an int",
+                 lambda: c.write("f", b"x", fence=("l", "abc"))),
+                (TypeError, r"fence must be a Lock or \(name, token\)",
+                 lambda: c.write("f", b"x", fence=123)),
+                (fscache.TooLarge, "acquire: a frame of .* over the server's frame limit",
                  lambda: c.acquire("m", 5.0, identity="x" * (p.DEFAULT_MAX_FRAME + 1))),
             ]  # fmt: skip
             for kind, message, call in bad_calls:

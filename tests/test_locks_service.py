@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 import trio
@@ -374,6 +375,49 @@ async def test_an_acquire_cancelled_as_its_grant_comes_in_holds_nothing(
         monkeypatch.undo()
         lock = await a.acquire("l", TTL, timeout=0)  # b gave its grant back at once
         assert lock.token == 2
+
+
+async def test_a_release_cut_off_with_its_connection_is_sent_again_after_the_reconnect(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("a") as a, cluster.client("c") as c:
+        lock = await a.acquire("l", TTL)
+        await cluster.cut("a")  # the release goes out on a connection already gone
+        await lock.release()
+        with trio.fail_after(TTL / 2):  # long before the lock would run out
+            while await c.leader("l") is not None:
+                await trio.sleep(0.05)
+        assert (await c.acquire("l", TTL, timeout=0)).token == 2
+        assert a.stats["reconnects"] == 1
+
+
+async def test_a_grant_given_up_before_its_record_is_on_disk_is_released_not_sent(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The grant waits for its record to be durable; the waiter gives its acquire up
+    meanwhile (a release with token 0, answered at once): the grant would arrive after
+    that answer, unheeded, and hold the lock for its ttl. The server releases it."""
+    locks = service_of(cluster).locks
+    gate = trio.Event()
+
+    async def slow_disk(fn: Any, *args: Any) -> Any:
+        await gate.wait()
+        return fn(*args)
+
+    async with cluster.client("a") as a, cluster.client("c") as c:
+        first = await a.acquire("l", TTL)
+        waiter = await cluster.raw("b")
+        await waiter.send(p.Acquire(id=1, name="l", ttl=TTL, identity="b", wait=True))
+        await trio.sleep(0.1)  # queued
+        locks._blocking_io = slow_disk
+        await first.release()  # granted to b; its record is on its way to disk ...
+        await waiter.send(p.Release(id=2, name="l", token=0))  # ... when b gives up
+        assert await waiter.receive() == p.Done(id=2)
+        gate.set()
+        await waiter.send(p.Ping(id=3))
+        assert await waiter.receive() == p.Done(id=3)  # no grant came between
+        assert await a.leader("l") is None
+        assert (await c.acquire("l", TTL, timeout=0)).token == 3
 
 
 @pytest.mark.parametrize("timeout", [-1.0, math.nan, -math.inf, "1", True])
