@@ -462,6 +462,11 @@ class Connection:
     def send(self, message: p.Message) -> None:
         self.send_frame(p.encode(message))
 
+    def drop(self) -> None:
+        """End the connection from the server's side: nothing more is sent on it."""
+        self.alive = False
+        self.cancel.cancel()
+
     def send_frame(self, frame: bytes, *, push: bool = False) -> None:
         """Queue ``frame`` (``push``: written at once if it can be, see Outbox.push)."""
         if not self.alive:
@@ -469,8 +474,7 @@ class Connection:
         self.counters.messages_out += 1
         if not (self.outbox.push(frame) if push else self.outbox.put(frame)):
             log.warning("%s is not reading its replies; dropping the connection", self.peer)
-            self.alive = False
-            self.cancel.cancel()
+            self.drop()
 
 
 Page = tuple[int, list[tuple[str, bool, int, int]], bool]  # Store.scandir's answer
@@ -883,8 +887,7 @@ class FileService:
                 log.info("%s: client %s is %r", peer, hello.client_id, identity)
             previous = self.connections.get(holder)
             if previous is not None:  # the same client resumed: the old link is half-open
-                previous.alive = False
-                previous.cancel.cancel()
+                previous.drop()
             self.connections[holder] = connection
             self._by_identity[identity] += 1
             connection.send(self._welcome(attached, secret))
@@ -951,8 +954,7 @@ class FileService:
                 started = connection.outbox.send_started
                 if started is not None and now - started >= timeout:
                     log.warning("%s stopped reading its replies; dropping it", connection.peer)
-                    connection.alive = False
-                    connection.cancel.cancel()
+                    connection.drop()
 
     async def _watch_silence(self) -> None:
         """Cut the connection of each session that holds ephemeral files and has sent
@@ -973,8 +975,7 @@ class FileService:
                     connection.peer, now - connection.heard_at,
                 )  # fmt: skip
                 connection.silent = True
-                connection.alive = False
-                connection.cancel.cancel()
+                connection.drop()
 
     async def _send_loop(self, outbox: Outbox, cancel: trio.CancelScope) -> None:
         try:
