@@ -199,6 +199,15 @@ class LockTableMachine(RuleBasedStateMachine):
                     raise AssertionError(f"(d) {exc}") from None
 
     @invariant()
+    def a_query_names_whoever_may_believe_it_holds(self) -> None:
+        """``leader`` and ``watch_leader`` name each live believer, with its token,
+        restart holds included (the record keeps who held the name)."""
+        for (session, name), belief in self.beliefs.items():
+            if belief.until > self.now:
+                found = self.table.state_of(name, self.now)
+                assert found == (belief.token, str(session)), f"(f) {name}: {found}"
+
+    @invariant()
     def deadline_is_honest(self) -> None:
         deadline = self.table.next_deadline()
         if deadline is not None:
