@@ -11,14 +11,14 @@ name's record changed, and each :class:`~fscache.locks.Granted` after it waits i
 thread. A grant not sent yet when its acquire is given up (a release with token 0)
 is released instead of sent: sent, it would arrive after the release's answer, when
 the client has stopped waiting for it. The records are a log in the store's private
-state directory: each batch of
-changed records is appended with one ``write`` and one ``fdatasync``, so a grant
-costs one record, however many names there are. Writes are one at a time and each
-takes the records as they are when it starts, so the newest token of every grant it
-releases is on disk, and a later write never loses an earlier token. If the write
-fails, the grants waiting on it are answered with the error (the table counts
-those locks held until they expire, which costs others only a wait), and the next
-write rewrites the log whole, since this one may have left part of a batch.
+state directory: each batch of changed records is appended with one ``write`` and
+one ``fdatasync``, so a grant costs one record, however many names there are.
+Writes are one at a time and each takes the records as they are when it starts, so
+the newest token of every grant it releases is on disk, and a later write never
+loses an earlier token. If the write fails, the grants waiting on it are answered
+with the error (the table counts those locks held until they expire, which costs
+others only a wait), and the next write rewrites the log whole, since this one may
+have left part of a batch.
 
 Each record is one line, its CRC32 then its JSON, so a record cut short is seen.
 At start the log is read and folded by name (the last record wins). A bad record
