@@ -1436,13 +1436,14 @@ class Client:
             if isinstance(exc, trio.TooSlowError):
                 raise self._unavailable("no answer to the handshake") from None
             raise
+        if not isinstance(message, p.Welcome):
+            await trio.aclose_forcefully(stream)
         if isinstance(message, p.Error):
             if message.code == Unauthorized.code and self._session is not None:
                 log.warning("%s refused our session; opening a new one", self.address)
                 self._session = None  # as if it had expired: the server waits out its leases
             raise error_for_code(message.code, f"server refused the connection: {message.message}")
         if not isinstance(message, p.Welcome):
-            await trio.aclose_forcefully(stream)
             raise ProtocolError(f"expected welcome, got {message.TYPE}")
         if self._session is not None and not message.resumed and message.epoch == self.epoch:
             # Like a server restart: entries stay trusted to their own expiry, no longer.

@@ -103,6 +103,21 @@ async def test_a_connection_beyond_its_identitys_cap_is_refused_before_the_welco
     assert isinstance(await (await cluster.raw("c")).read("f"), p.Data)  # a slot again
 
 
+async def test_a_client_turned_away_at_its_identitys_cap_closes_its_connection(
+    nursery, root, autojump_clock
+):
+    cluster = await started(nursery, root, max_connections_per_identity=1)
+    await seed(cluster)
+    await cluster.raw("a")
+
+    with pytest.raises(fscache.Unavailable, match="max_connections_per_identity"):
+        async with cluster.client("b"):
+            pass
+    (refused,) = cluster.links["b"]
+    with pytest.raises(trio.ClosedResourceError):  # closed by the client, not left to GC
+        await refused.send_all(b"x")
+
+
 # ---------------------------------------------------------------- requests and writes held
 async def test_a_write_beyond_the_pending_bytes_limit_is_refused_at_once(
     nursery, root, autojump_clock
