@@ -25,6 +25,15 @@ from fscache.settings import (
     DEFAULT_PORT,
     DEFAULT_SKEW,
     DEFAULT_TERM,
+    FRAME_TIMEOUT,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IDENTITY,
+    MAX_IN_FLIGHT,
+    MAX_LEASES_PER_HOLDER,
+    MAX_OUTBOX,
+    MAX_PENDING_WRITE_BYTES,
+    MAX_PENDING_WRITE_BYTES_TOTAL,
+    SEND_TIMEOUT,
     BadSetting,
     check_duration,
 )
@@ -49,6 +58,20 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _timeout(text: str) -> float:
+    """A duration that must be more than 0 (a limit's timeout)."""
+    seconds = _seconds(text)
+    if seconds == 0:
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
+    return seconds
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1: {text!r}")
+    return int(text)
 
 
 def _port(text: str) -> int:
@@ -117,6 +140,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-format", choices=("text", "json"), default="text",
         help="json: one JSON object per line per event (default %(default)s)",
     )  # fmt: skip
+    limits = serve.add_argument_group(
+        "limits", "what one client or all of them can take (docs/design.md, Limits)"
+    )
+    for option, default, kind, metavar, what in (
+        ("--max-connections", MAX_CONNECTIONS, _limit, "N", "open connections"),
+        ("--max-connections-per-identity", MAX_CONNECTIONS_PER_IDENTITY, _limit, "N",
+         "connections of one identity (every plain-TCP client is anonymous)"),
+        ("--max-in-flight", MAX_IN_FLIGHT, _limit, "N", "requests one connection has waiting"),
+        ("--max-leases-per-holder", MAX_LEASES_PER_HOLDER, _limit, "N",
+         "leases of one session; beyond, reads are not cached"),
+        ("--max-pending-write-bytes", MAX_PENDING_WRITE_BYTES, _limit, "BYTES",
+         "bytes of one session's waiting writes"),
+        ("--max-pending-write-bytes-total", MAX_PENDING_WRITE_BYTES_TOTAL, _limit, "BYTES",
+         "bytes of all sessions' waiting writes"),
+        ("--max-outbox", MAX_OUTBOX, _limit, "BYTES",
+         "unsent bytes of one connection before it is dropped"),
+        ("--frame-timeout", FRAME_TIMEOUT, _timeout, "SECONDS",
+         "how long a begun frame may take to arrive whole"),
+        ("--send-timeout", SEND_TIMEOUT, _timeout, "SECONDS",
+         "how long a send may take before its connection is dropped"),
+    ):  # fmt: skip
+        limits.add_argument(
+            option, type=kind, default=default, metavar=metavar,
+            help=f"{what} (default %(default)s)",
+        )  # fmt: skip
 
     def client_command(name: str, help_text: str) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
@@ -279,16 +327,20 @@ def _serve(args: argparse.Namespace) -> int:
 
     from fscache.server.logs import configure
     from fscache.server.metrics import serve_metrics
-    from fscache.server.service import ServerSettings, serve
+    from fscache.server.service import LIMITS, TIMEOUTS, ServerSettings, serve
 
     configure(args.log_format, args.verbose)
     root = os.path.abspath(args.root)  # the store checks that it is a directory
-    settings = ServerSettings(
-        root=root, host=args.host, port=args.port, term=args.term, skew=args.skew,
-        hot_writes=args.hot_writes, tls_dir=args.tls, access_file=args.access,
-        shared=args.shared,
-        session_ttl=args.session_ttl,
-    )  # fmt: skip
+    try:
+        settings = ServerSettings(
+            root=root, host=args.host, port=args.port, term=args.term, skew=args.skew,
+            hot_writes=args.hot_writes, tls_dir=args.tls, access_file=args.access,
+            shared=args.shared, session_ttl=args.session_ttl,
+            **{name: getattr(args, name) for name in LIMITS + TIMEOUTS},
+        )  # fmt: skip
+    except BadSetting as exc:  # settings that are wrong together (each alone was checked)
+        print(f"fscache serve: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

@@ -39,14 +39,15 @@ def options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 
 def expected_type(action: argparse.Action) -> type:
-    """The TOML type an option takes: what its parser makes of ``"0"``, a boolean for
-    a switch, else a string."""
+    """The TOML type an option takes: what its parser makes of ``"1024"`` (a value every
+    number option takes: a port, seconds, a count, a limit), a boolean for a switch,
+    else a string."""
     if action.nargs == 0:
         return bool
     if action.type is None or action.choices is not None:
         return str
     assert callable(action.type)
-    return type(action.type("0"))
+    return type(action.type("1024"))
 
 
 def load(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:

@@ -133,9 +133,11 @@ from fscache.settings import (
     MAX_CONNECTIONS_PER_IDENTITY,
     MAX_IN_FLIGHT,
     MAX_LEASES_PER_HOLDER,
+    MAX_OUTBOX,
     MAX_PATHS,
     MAX_PENDING_WRITE_BYTES,
     MAX_PENDING_WRITE_BYTES_TOTAL,
+    SEND_TIMEOUT,
     BadSetting,
     check_duration,
 )
@@ -145,8 +147,6 @@ log = logging.getLogger("fscache.server")
 BlockingIO = Callable[..., Awaitable[Any]]
 
 HANDSHAKE_TIMEOUT = 10.0  # a peer that connects and says nothing is dropped after this
-DEFAULT_MAX_OUTBOX = 32 * 1024 * 1024  # unsent bytes per connection before it is dropped
-DEFAULT_SEND_TIMEOUT = 30.0  # a send not done by then: the peer stopped reading; drop it
 INCARNATION_FILE = "incarnation.json"  # in the store's state directory
 MAX_UPLOADS = 16  # open uploads per connection: each holds a temp file and two descriptors
 SECRET_BYTES = 16  # a session's secret: unguessable, as a 128-bit key is
@@ -187,8 +187,8 @@ class ServerSettings:
     skew: float = DEFAULT_SKEW
     hot_writes: int = DEFAULT_HOT_WRITES
     max_frame: int = DEFAULT_MAX_FRAME
-    max_outbox: int = DEFAULT_MAX_OUTBOX
-    send_timeout: float = DEFAULT_SEND_TIMEOUT
+    max_outbox: int = MAX_OUTBOX
+    send_timeout: float = SEND_TIMEOUT
     tls_dir: str | None = None
     access_file: str | None = None  # TOML rules (fscache.access); reloaded on SIGHUP
     shared: bool = False  # files and directories the store makes: group-readable, not private
@@ -213,24 +213,36 @@ class ServerSettings:
             raise BadSetting(f"hot_writes must be >= 0, not {self.hot_writes}")
         if self.max_frame < 1024:
             raise BadSetting(f"max_frame must be at least 1024 bytes, not {self.max_frame}")
-        self.frame_timeout = check_duration("frame_timeout", self.frame_timeout)
-        for limit in _LIMITS:
+        for timeout in TIMEOUTS:
+            seconds = check_duration(timeout, getattr(self, timeout))
+            if seconds == 0:
+                raise BadSetting(f"{timeout} must be more than 0 seconds")
+            setattr(self, timeout, seconds)
+        for limit in LIMITS:
             if getattr(self, limit) < 1:
                 raise BadSetting(f"{limit} must be at least 1, not {getattr(self, limit)}")
+        if self.max_outbox < self.max_frame:  # else one big reply would drop its connection
+            raise BadSetting(
+                f"max_outbox must be at least max_frame ({self.max_frame}), not {self.max_outbox}"
+            )
 
     @property
     def max_file_size(self) -> int:
         return self.max_frame - 1024  # room for the reply's other fields
 
 
-_LIMITS = (
+# The settings that bound what clients can take (``fscache serve``'s limits, logged at
+# start): whole numbers >= 1, and durations > 0.
+LIMITS = (
     "max_connections",
     "max_connections_per_identity",
     "max_in_flight",
     "max_pending_write_bytes",
     "max_pending_write_bytes_total",
     "max_leases_per_holder",
+    "max_outbox",
 )
+TIMEOUTS = ("frame_timeout", "send_timeout")
 
 
 # ---------------------------------------------------------------- restart window
@@ -604,6 +616,9 @@ class FileService:
         except OSError as exc:
             raise FscacheError(f"cannot listen on {s.host}:{s.port}: {exc}") from None
         _raise_open_files_limit(s.max_connections)
+        log.info(
+            "limits: %s", ", ".join(f"{name} {getattr(s, name)}" for name in LIMITS + TIMEOUTS)
+        )
         # A worker thread (fsyncs, listings) keeps the GIL for up to the switch interval
         # while the event loop waits for it: 5 ms by default, 1 ms here. Measured while
         # a 100,000-name directory was listed: another client's p99 round trip went

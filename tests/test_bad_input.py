@@ -169,7 +169,12 @@ async def test_a_client_that_stops_reading_is_dropped_and_others_carry_on(nurser
     service = await nursery.start(
         serve,
         ServerSettings(
-            root=str(root), port=0, max_outbox=256 * 1024, send_timeout=0.5, hot_writes=0
+            root=str(root),
+            port=0,
+            max_frame=128 * 1024,
+            max_outbox=256 * 1024,
+            send_timeout=0.5,
+            hot_writes=0,
         ),
     )
     async with fscache.open_client("127.0.0.1", service.port) as c:

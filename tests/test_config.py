@@ -22,6 +22,7 @@ import pytest
 import fscache
 from fscache.cli import _serve_options, _subcommand, build_parser, main
 from fscache.server.config import BadConfig, load, options
+from fscache.server.service import LIMITS, TIMEOUTS, ServerSettings
 from fscache.tls import client_context, make_certs
 
 from .test_metrics import serve_process
@@ -70,6 +71,9 @@ def test_a_key_written_with_underscores_is_unknown_and_the_dashed_one_suggested(
         ("port = 70000", "port: port must be 0..65535"),
         ("term = -1", "term: a duration must be a finite number >= 0"),
         ("hot-writes = -1", "hot-writes: must be a whole number >= 0"),
+        ("max-connections = 0", "max-connections: must be a whole number >= 1"),
+        ("max-outbox = 1.5", "max-outbox must be an integer, not float 1.5"),
+        ("send-timeout = 0", "send-timeout: must be more than 0 seconds"),
     ],
 )
 def test_a_wrong_value_is_named_with_its_key_and_what_it_must_be(
@@ -117,6 +121,22 @@ def test_the_command_line_overrides_the_file(tmp_path: Path) -> None:
     assert serve_args("--config", path, "--no-shared").shared is False  # a switch turned off
 
 
+def test_every_limit_is_an_option_whose_default_is_the_servers() -> None:
+    defaults = ServerSettings(root="r")
+
+    for name in LIMITS + TIMEOUTS:
+        assert SERVE.get_default(name) == getattr(defaults, name), name
+    args = serve_args("--root", "r", "--max-connections", "20000", "--frame-timeout", "2.5")
+    assert (args.max_connections, args.frame_timeout) == (20000, 2.5)
+
+
+def test_limits_wrong_together_are_bad_usage_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--root", str(tmp_path), "--max-outbox", "1000"]) == 2
+    assert "fscache serve: error: max_outbox must be at least max_frame" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -162,6 +182,10 @@ def test_a_server_started_from_a_file_with_every_option_uses_each(tmp_path: Path
         'root = "root"\nhost = "127.0.0.2"\nport = 0\nterm = 5\nskew = 0.25\n'
         'hot-writes = 1\nsession-ttl = 7.5\ntls = "tls/server"\naccess = "access.toml"\n'
         'shared = true\nmetrics-port = 0\nmetrics-host = "127.0.0.3"\nlog-format = "json"\n'
+        "max-connections = 50\nmax-connections-per-identity = 2\nmax-in-flight = 8\n"
+        "max-leases-per-holder = 1000\nmax-pending-write-bytes = 4000000\n"
+        "max-pending-write-bytes-total = 8000000\nmax-outbox = 3000000\n"
+        "frame-timeout = 12.5\nsend-timeout = 20\n"
     )
     assert set(load(str(etc / "fscache.toml"), SERVE)) == {
         action.dest for action in options(SERVE).values()
@@ -195,8 +219,17 @@ def test_a_server_started_from_a_file_with_every_option_uses_each(tmp_path: Path
             reader.read("docs/a.txt")
             # hot-writes 1: one write made the file write-shared, so it is not cached
             assert reader.stats["misses"] == 2
+            # max-connections-per-identity 2: alice's third connection is turned away
+            with pytest.raises(fscache.Unavailable, match="max_connections_per_identity"):
+                fscache.connect(server.address, ssl_context=alice, client_id="x")
     mode = stat.S_IMODE(os.stat(etc / "root" / "docs" / "a.txt").st_mode)
     assert mode & stat.S_IRGRP  # shared
     logged = [json.loads(line) for line in log_path.read_text().splitlines()]  # log-format
+    (limits,) = [line["message"] for line in logged if line["message"].startswith("limits: ")]
+    assert limits == (  # the other limits, as the server has them
+        "limits: max_connections 50, max_connections_per_identity 2, max_in_flight 8,"
+        " max_pending_write_bytes 4000000, max_pending_write_bytes_total 8000000,"
+        " max_leases_per_holder 1000, max_outbox 3000000, frame_timeout 12.5, send_timeout 20.0"
+    )
     assert {"w", "r"} <= {line.get("label") for line in logged if line["event"] == "connect"}
     assert {line.get("identity") for line in logged if line["event"] == "connect"} == {"alice"}

@@ -240,7 +240,8 @@ def test_bad_serve_arguments_are_refused(tmp_path):
 @pytest.mark.parametrize(
     "bad",
     [{"term": -1.0}, {"term": float("nan")}, {"skew": float("inf")}, {"skew": True},
-     {"port": 70000}, {"hot_writes": -1}, {"max_frame": 1023}],
+     {"port": 70000}, {"hot_writes": -1}, {"max_frame": 1023}, {"max_connections": 0},
+     {"frame_timeout": 0}, {"send_timeout": -1.0}, {"max_outbox": 1024 * 1024}],
 )  # fmt: skip
 def test_server_settings_out_of_range_are_refused_with_bad_setting(root, bad):
     with pytest.raises(BadSetting):
