@@ -329,7 +329,6 @@ def _serve(args: argparse.Namespace) -> int:
     from fscache.server.metrics import serve_metrics
     from fscache.server.service import LIMITS, TIMEOUTS, ServerSettings, serve
 
-    configure(args.log_format, args.verbose)
     root = os.path.abspath(args.root)  # the store checks that it is a directory
     try:
         settings = ServerSettings(
@@ -341,6 +340,7 @@ def _serve(args: argparse.Namespace) -> int:
     except BadSetting as exc:  # settings that are wrong together (each alone was checked)
         print(f"fscache serve: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    configure(args.log_format, args.verbose)
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
