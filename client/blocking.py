@@ -249,6 +249,12 @@ class BlockingClient:
         return self._run(self._client.server_stats)
 
     @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called (or, in a child process after ``fork``,
+        for every client the parent made: connect again there)."""
+        return self._closed
+
+    @property
     def stats(self) -> Mapping[str, int | float]:
         stats = dict(self._client.stats)
         stats["hits"] += self._hits
