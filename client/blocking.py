@@ -6,15 +6,37 @@ no thread hop (why that is thread-safe: the cache's theory note). The loop threa
 drops an entry *before* approving a write, so a hit that raced with the drop
 returned data whose replacement the server had not yet applied. Everything else
 crosses to the loop thread with ``trio.from_thread.run``.
+
+Life of a client
+================
+
+* **Closing.** :meth:`BlockingClient.close` says goodbye: the server ends this
+  client's leases at once, so a writer waits for nobody. A client that is dropped
+  without ``close()`` is closed when it is collected, and one still open when the
+  interpreter exits is closed then (``weakref.finalize``): otherwise each would keep
+  its thread and socket, and its leases would hold up every writer for a term. This
+  works because the loop thread holds only :class:`_Loop`, never the client itself.
+* **Interrupting.** A call interrupted on the caller's thread (Ctrl-C's
+  ``KeyboardInterrupt``) is cancelled on the loop thread too, and waited for, so an
+  interrupted ``acquire`` holds nothing, as a cancelled one does in the async client.
+  A request already sent may still take effect (a write the server had received is
+  applied), as with any request whose reply did not come.
+* **Forking.** A child process made by ``fork`` has a copy of the parent's cache
+  but not its loop thread. In the child every client the parent made is closed and
+  its cache emptied (``os.register_at_fork``): reads there would otherwise be
+  answered from a copy that no lease keeps current, and a miss would wait for ever.
+  The child connects anew.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from functools import partial
 from typing import IO, Any, TypeVar
@@ -31,39 +53,44 @@ from fscache.settings import DEFAULT_ADDRESS, DEFAULT_LOCK_TTL
 
 T = TypeVar("T")
 
+# How long an interrupted call is waited for once it is cancelled on the loop thread
+# (giving back what it was granted takes a round trip; a dead server, no longer).
+INTERRUPTED_WAIT = 5.0
 
-class BlockingClient:
-    """``fscache.connect(...)``: the same operations as the async client, blocking."""
+CLOSED = "client is closed"
+FORKED = "client was made in the parent process before a fork: connect again in this one"
+
+
+class _Loop:
+    """The loop thread's side of a client: its trio run and how to stop it. It holds
+    no reference to the :class:`BlockingClient`, so that one dropped without
+    ``close()`` can be collected (and closed by its finalizer)."""
 
     def __init__(
         self,
-        address: str,
-        *,
-        client_id: str | None = None,
-        ssl_context: ssl.SSLContext | None = None,
-        cache_bytes: int = DEFAULT_MAX_BYTES,
+        host: str,
+        port: int,
+        client_id: str | None,
+        ssl_context: ssl.SSLContext | None,
+        cache_bytes: int,
+        name: str,
     ) -> None:
-        host, port = parse_address(address)
-        self.address = f"{host}:{port}"
         self._started: queue.Queue[tuple[Client, trio.lowlevel.TrioToken] | BaseException] = (
             queue.Queue()
         )
         self._stop: trio.Event | None = None
-        self._thread = threading.Thread(
+        self.thread = threading.Thread(
             target=trio.run,
             args=(self._main, host, port, client_id, ssl_context, cache_bytes),
-            name=f"fscache-client-{self.address}",
+            name=name,
             daemon=True,
         )
-        self._thread.start()
+        self.thread.start()
         started = self._started.get()
         if isinstance(started, BaseException):
-            self._thread.join()
+            self.thread.join()
             raise started
-        self._client, self._token = started
-        self._cache = self._client.cache
-        self._hits = 0
-        self._closed = False
+        self.client, self.token = started
 
     async def _main(
         self,
@@ -90,6 +117,65 @@ class BlockingClient:
                 self._started.put(exc)
             else:
                 raise
+
+    def close(self) -> None:
+        """Say goodbye (the async client's close) and wait for the thread to end; when
+        the collector runs this on the loop thread itself, only ask it to stop."""
+        stop = self._stop
+        if threading.current_thread() is self.thread:
+            if stop is not None:
+                stop.set()
+            return
+        if stop is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(stop.set, trio_token=self.token)
+        self.thread.join()
+
+
+# Every open client of this process, for the fork handler below.
+_OPEN: weakref.WeakSet[BlockingClient] = weakref.WeakSet()
+
+
+def _close_after_fork() -> None:
+    """In the child of a fork: close (without a goodbye: the connection is the
+    parent's) every client the parent had open, and empty its cache."""
+    for client in list(_OPEN):
+        client._forked()
+    _OPEN.clear()
+
+
+os.register_at_fork(after_in_child=_close_after_fork)
+
+
+class BlockingClient:
+    """``fscache.connect(...)``: the same operations as the async client, blocking."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        client_id: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        cache_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        host, port = parse_address(address)
+        self.address = f"{host}:{port}"
+        self._closed = False
+        self._closed_reason = CLOSED
+        loop = _Loop(
+            host, port, client_id, ssl_context, cache_bytes, f"fscache-client-{self.address}"
+        )
+        self._client, self._token = loop.client, loop.token
+        self._cache = self._client.cache
+        self._hits = 0
+        self._finalizer = weakref.finalize(self, loop.close)  # also at interpreter exit
+        _OPEN.add(self)
+
+    def _forked(self) -> None:
+        self._closed = True
+        self._closed_reason = FORKED
+        self._finalizer.detach()  # the loop thread is the parent's: nothing to stop here
+        self._cache.clear()
 
     # ------------------------------------------------------------ the hot path
     def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
@@ -202,21 +288,25 @@ class BlockingClient:
         """:meth:`Client.watch`, as a blocking iterator: ``for change in c.watch(dir)``.
         The watch runs on the loop thread and hands each change over; leaving the loop
         (or closing the client) stops it."""
+        if self._closed:
+            raise FscacheError(self._closed_reason)
         changes: queue.Queue[Change | Exception | None] = queue.Queue()  # None: ended
         scope = trio.CancelScope()
+        client = self._client
 
         async def pump() -> None:
             try:
                 with scope:
-                    async for change in self._client.watch(path, initial=initial):
+                    async for change in client.watch(path, initial=initial):
                         changes.put(change)
             except Exception as exc:  # the watch's error, raised on the caller's thread
                 changes.put(exc)
             finally:
                 changes.put(None)
 
-        nursery = self._client._nursery
-        assert nursery is not None
+        nursery = client._nursery
+        if nursery is None:
+            raise FscacheError(CLOSED)
         self._run_sync(nursery.start_soon, pump)
         try:
             while (item := changes.get()) is not None:
@@ -244,6 +334,15 @@ class BlockingClient:
         """:meth:`Client.relinquish`."""
         self._run(self._client.relinquish, *paths)
 
+    def extend(self, *paths: str) -> dict[str, bool]:
+        """:meth:`Client.extend`."""
+        return self._run(self._client.extend, *paths)
+
+    @property
+    def epoch(self) -> str | None:
+        """The server incarnation this client last connected to."""
+        return self._client.epoch
+
     def server_stats(self) -> dict[str, Any]:
         """:meth:`Client.server_stats`."""
         return self._run(self._client.server_stats)
@@ -263,9 +362,29 @@ class BlockingClient:
         return stats
 
     def _run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``fn(*args)`` on the loop thread; an interruption here cancels it there (see
+        the module's note)."""
         if self._closed:
-            raise FscacheError("client is closed")
-        return trio.from_thread.run(fn, *args, trio_token=self._token)
+            raise FscacheError(self._closed_reason)
+        scope = trio.CancelScope()
+        ended = threading.Event()
+
+        async def call() -> T:
+            try:
+                with scope:
+                    return await fn(*args)
+                raise FscacheError("interrupted")  # (its caller has gone already)
+            finally:
+                ended.set()
+
+        try:
+            return trio.from_thread.run(call, trio_token=self._token)
+        except BaseException:
+            if not ended.is_set():  # interrupted on this thread, not failed there
+                with contextlib.suppress(trio.RunFinishedError):
+                    trio.from_thread.run_sync(scope.cancel, trio_token=self._token)
+                ended.wait(INTERRUPTED_WAIT)
+            raise
 
     def _run_sync(self, fn: Callable[..., object], *args: Any) -> None:
         trio.from_thread.run_sync(fn, *args, trio_token=self._token)
@@ -275,21 +394,13 @@ class BlockingClient:
         if self._closed:
             return
         self._closed = True
-        stop = self._stop
-        if stop is not None:
-            with contextlib.suppress(trio.RunFinishedError):
-                trio.from_thread.run_sync(stop.set, trio_token=self._token)
-        self._thread.join()
+        self._finalizer()
 
     def __enter__(self) -> BlockingClient:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            self.close()
 
 
 def connect(
