@@ -97,6 +97,7 @@ from fscache.settings import (
     DEFAULT_SKEW,
     MAX_PATHS,
     check_duration,
+    check_extent,
 )
 from fscache.tls import is_auth_failure
 
@@ -405,6 +406,8 @@ class Client:
         address: str = "server",
     ) -> None:
         self._opener = opener
+        if client_id is not None:  # the server's checks, before anything is sent
+            p.check_fields(p.Hello(p.PROTOCOL_VERSION, client_id))
         self.client_id = client_id or uuid.uuid4().hex
         self._clock = clock
         self._skew_override = None if skew is None else check_duration("skew", skew)
@@ -614,8 +617,7 @@ class Client:
     async def _write_in_place(
         self, path: str, data: Source, offset: int, if_version: int | None, fence: p.Fence | None
     ) -> int:
-        if offset < 0:
-            raise ValueError("offset must be >= 0")
+        check_extent("offset", offset)
         next_part = _parts(data)
         link = await self._current_link()
         self._counters.writes += 1
@@ -645,8 +647,7 @@ class Client:
     ) -> int:
         """Cut or extend ``path`` to ``size`` bytes; returns the new version."""
         path = normalize(path)
-        if size < 0:
-            raise ValueError("size must be >= 0")
+        check_extent("size", size)
         self._counters.writes += 1
         link = await self._current_link()
         truncate = partial(
@@ -946,8 +947,9 @@ class Client:
         normal = normalize(path)
         if normal != path:  # another spelling of a path that may be cached
             return await self.read(normal, offset=offset, length=length)
-        if offset < 0 or (length is not None and length < 0):
-            raise ValueError("offset and length must be >= 0")
+        check_extent("offset", offset)
+        if length is not None:
+            check_extent("length", length)
         whole = offset == 0 and length is None
         if length is not None and 0 < length < CHUNK_SIZE and path not in self._cache.entries:
             return await self._read_range(path, offset, length)

@@ -51,6 +51,16 @@ def check_duration(name: str, value: object) -> float:
     return float(value)
 
 
+MAX_EXTENT = 2**63 - 1  # off_t: the kernel's file offsets and sizes are signed 64-bit
+
+
+def check_extent(name: str, value: int) -> int:
+    """``value`` if it is an offset, length or size a file can have: 0..2**63-1."""
+    if not 0 <= value <= MAX_EXTENT:
+        raise BadSetting(f"{name} must be 0..2**63-1, not {value}")
+    return value
+
+
 def check_lock_ttl(ttl: object, skew: float, max_ttl: float = MAX_LOCK_TTL) -> float:
     """``ttl`` as a float if it is a lock's ttl: more than ``2 * skew`` (else its holder
     could never trust it) and at most ``max_ttl``."""

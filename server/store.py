@@ -269,7 +269,7 @@ from fscache.errors import (
     TooLarge,
 )
 from fscache.paths import RESERVED_PREFIX, is_reserved
-from fscache.settings import LISTING_PAGE_BYTES, LISTING_PAGE_ENTRIES
+from fscache.settings import LISTING_PAGE_BYTES, LISTING_PAGE_ENTRIES, MAX_EXTENT
 
 __all__ = ["LOCK_FILE", "TEMP_PREFIX", "Facts", "Store", "Upload", "listing_page"]
 
@@ -1517,14 +1517,11 @@ def _plainly_relative(path: str) -> bool:
     )
 
 
-_MAX_EXTENT = 2**63 - 1  # off_t: the kernel's file offsets and sizes are signed 64-bit
-
-
 def _check_extent(op: str, path: str, **values: int) -> None:
     """Refuse an offset, length or size the kernel cannot take (negative, or past
     ``off_t``) before any call sees it: Python would raise OverflowError instead."""
     for name, value in values.items():
-        if not 0 <= value <= _MAX_EXTENT:
+        if not 0 <= value <= MAX_EXTENT:
             raise ProtocolError(f"cannot {op} {path!r}: {name} must be 0..2**63-1, not {value}")
 
 

@@ -124,6 +124,12 @@ async def test_client_api_raises_typed_errors(cluster):
         assert isinstance(fscache.Conflict("x"), fscache.FscacheError)
 
 
+async def test_a_client_id_the_server_would_refuse_is_refused_before_connecting(cluster):
+    with pytest.raises(TypeError, match=r"hello\.client_id: expected str, got int"):
+        async with cluster.client(5):
+            pass
+
+
 async def test_arguments_the_server_would_refuse_are_refused_before_they_are_sent(cluster):
     """A mistyped or out-of-range argument is the caller's error: it costs neither the
     connection nor another request waiting on it."""
@@ -152,6 +158,11 @@ async def test_arguments_the_server_would_refuse_are_refused_before_they_are_sen
                  lambda: c.write("f", b"x", fence=123)),
                 (fscache.TooLarge, "acquire: a frame of .* over the server's frame limit",
                  lambda: c.acquire("m", 5.0, identity="x" * (p.DEFAULT_MAX_FRAME + 1))),
+                (BadSetting, r"size must be 0..2\*\*63-1", lambda: c.truncate("f", 2**63)),
+                (BadSetting, r"offset must be 0..2\*\*63-1",
+                 lambda: c.write("f", b"x", offset=2**63)),
+                (BadSetting, r"offset must be 0..2\*\*63-1", lambda: c.read("f", offset=2**63)),
+                (BadSetting, r"length must be 0..2\*\*63-1", lambda: c.read("f", length=-1)),
             ]  # fmt: skip
             for kind, message, call in bad_calls:
                 with pytest.raises(kind, match=message):
