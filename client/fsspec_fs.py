@@ -45,9 +45,15 @@ from it.  Every write, small or an upload, creates missing parent directories on
 the server.
 
 Errors.  One boundary, :func:`_os_errors`, turns the client's errors into the
-``OSError`` subclasses fsspec's callers expect (the table :data:`_OS_ERRORS`).
-The server says ``IsADirectory`` for a write whose path is a directory and for one
-below a file; :meth:`FscacheFileSystem._write` tells the two apart.
+exceptions fsspec's callers expect (the table :data:`_OS_ERRORS`), the client's
+error kept as ``__cause__``: ``OSError`` subclasses for what is wrong with a
+file, ``PermissionError`` for refused credentials, ``ConnectionError`` (or
+``TimeoutError``, when waiting ran out) for a server out of reach, and
+``ValueError`` for a path the server cannot take (as LocalFileSystem raises for
+one with a NUL).  The server says ``IsADirectory`` for a write whose path is a
+directory and for one below a file; :meth:`FscacheFileSystem._write` tells
+the two apart.  ``exists`` is False only for a path that is missing (or below a
+file); any other error is raised.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import IO, Any
 
+import trio
 from fsspec import AbstractFileSystem
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.spec import AbstractBufferedFile
@@ -83,7 +90,9 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, **kwargs: Any) -> None:
         client_options = {k: kwargs.pop(k) for k in ("client_id", "ssl_context") if k in kwargs}
         super().__init__(**kwargs)
-        self.client: BlockingClient = connect(f"{host}:{port}", **client_options)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        with _os_errors(address):
+            self.client: BlockingClient = connect(address, **client_options)
 
     # ------------------------------------------------------------ URLs
     @classmethod
@@ -112,6 +121,16 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         with _os_errors(path):
             st = self.client.stat(path)
         return _info(path, st.is_dir, st.size, st.version)
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        """Whether ``path`` exists: False only for a path that is missing (or below
+        a file). Any other error (the server out of reach, access refused) is
+        raised: it says nothing about the path."""
+        try:
+            self.info(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return True
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         path = self._strip_protocol(path)
@@ -389,18 +408,38 @@ _OS_ERRORS: dict[type[FscacheError], tuple[type[OSError], int]] = {
     errors.NotEmpty: (OSError, errno.ENOTEMPTY),
     errors.Exists: (FileExistsError, errno.EEXIST),
     errors.Conflict: (FileExistsError, errno.EEXIST),  # only exclusive creates name a version (0)
+    errors.Unauthorized: (PermissionError, errno.EACCES),
+    errors.Unavailable: (ConnectionError, errno.ENOTCONN),  # TimeoutError if a wait ran out
 }
 
 
 @contextlib.contextmanager
 def _os_errors(path: str, path2: str | None = None) -> Iterator[None]:
-    """The client's errors as the OSErrors fsspec's callers expect, naming ``path``
-    (and ``path2``, a move's destination, as ``os.rename``'s errors do)."""
+    """The client's errors as the exceptions fsspec's callers expect, naming
+    ``path`` (and ``path2``, a move's destination, as ``os.rename``'s errors do),
+    with the client's error as ``__cause__``: a bad path is a ``ValueError``, as
+    LocalFileSystem's is; the rest are in :data:`_OS_ERRORS`."""
     try:
         yield
+    except errors.BadPath as exc:
+        raise ValueError(f"bad path {path!r}: {exc}") from exc
     except FscacheError as exc:
         mapped = _OS_ERRORS.get(type(exc))
         if mapped is None:
             raise
         kind, code = mapped
-        raise kind(code, str(exc), path, None, path2) from None
+        if kind is ConnectionError and _timed_out(exc):
+            kind, code = TimeoutError, errno.ETIMEDOUT
+        raise kind(code, str(exc), path, None, path2) from exc
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` came of a wait that ran out: a connect or handshake that
+    took too long, a socket's ETIMEDOUT. The client raises its error ``from None``
+    or ``from`` the cause, and either way the cause stays in the chain."""
+    seen = exc.__cause__ or exc.__context__
+    while seen is not None:
+        if isinstance(seen, TimeoutError | trio.TooSlowError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable
+from functools import partial
 
 import fsspec
 import pytest
 import trio
 
+from fscache import errors
+from fscache.client import fsspec_fs
 from fscache.client.fsspec_fs import FscacheFileSystem
 from fscache.server.service import ServerSettings, serve
 from fscache.settings import CHUNK_SIZE
@@ -43,14 +46,19 @@ async def with_fs(address: str, use_it: Callable[[FscacheFileSystem], None]) -> 
     """Run ``use_it`` on a worker thread with a file system of its own on ``address``."""
 
     def run() -> None:
-        host, port = address.split(":")
-        fs = FscacheFileSystem(host=host, port=int(port), skip_instance_cache=True)
+        fs = new_fs(address)
         try:
             use_it(fs)
         finally:
             fs.client.close()
 
     await trio.to_thread.run_sync(run)
+
+
+def new_fs(address: str) -> FscacheFileSystem:
+    """A file system of its own (not fsspec's cached one) on ``address``."""
+    host, port = address.split(":")
+    return FscacheFileSystem(host=host, port=int(port), skip_instance_cache=True)
 
 
 async def test_fsspec_reads_writes_lists_and_deletes(address):
@@ -327,3 +335,88 @@ async def test_copy_and_move_files_and_trees(address):
             fs.mv("absent", "elsewhere")
 
     await with_fs(address, use_it)
+
+
+# ---------------------------------------------------------------- errors
+def test_the_clients_errors_become_what_fsspecs_callers_expect():
+    def mapped(error: Exception) -> BaseException:
+        with pytest.raises(Exception) as caught, fsspec_fs._os_errors("p"):
+            raise error
+        assert caught.value.__cause__ is error
+        return caught.value
+
+    assert type(mapped(errors.Unauthorized("no"))) is PermissionError
+    assert type(mapped(errors.Unavailable("gone"))) is ConnectionError
+    try:
+        raise trio.TooSlowError
+    except trio.TooSlowError:
+        timed_out = errors.Unavailable("no answer to the handshake")  # raised from None
+        timed_out.__context__, timed_out.__suppress_context__ = trio.TooSlowError(), True
+    assert type(mapped(timed_out)) is TimeoutError
+    bad = mapped(errors.BadPath("path is empty"))
+    assert type(bad) is ValueError and "'p'" in str(bad)
+    assert type(mapped(errors.NotFound("x"))) is FileNotFoundError
+
+
+async def test_errors_of_access_paths_and_reach_are_raised_not_taken_for_absence(
+    nursery, root, tmp_path
+):
+    access = tmp_path / "access.toml"
+    access.write_text('[[rule]]\nidentity = "anonymous"\nprefix = "pub"\naccess = "read-write"\n')
+    settings = ServerSettings(root=str(root), port=0, access_file=str(access))
+    server = await nursery.start(serve, settings)
+    (root / "secret").write_bytes(b"s")
+
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe_file("pub/f", b"f")
+        with pytest.raises(PermissionError) as refused:
+            fs.exists("secret")
+        assert isinstance(refused.value.__cause__, errors.Unauthorized)
+        with pytest.raises(PermissionError):
+            fs.cat_file("secret")
+        with pytest.raises(ValueError, match="NUL") as bad:
+            fs.exists("pub/a\x00b")
+        assert isinstance(bad.value.__cause__, errors.BadPath)
+        with pytest.raises(ValueError):
+            fs.rm("")
+        assert not fs.exists("pub/missing") and not fs.exists("pub/f/below")
+        assert fs.exists("pub/f") and fs.exists("pub")
+
+    await with_fs(f"127.0.0.1:{server.port}", use_it)
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    nowhere = listeners[0].socket.getsockname()[1]
+    await listeners[0].aclose()  # nothing listens there now
+
+    def connect_to_nothing() -> None:
+        with pytest.raises(ConnectionError) as unreachable:
+            new_fs(f"127.0.0.1:{nowhere}")
+        assert isinstance(unreachable.value.__cause__, errors.Unavailable)
+
+    await trio.to_thread.run_sync(connect_to_nothing)
+
+
+async def test_a_server_gone_makes_exists_raise(nursery, root):
+    async with trio.open_nursery() as serving:
+        server = await serving.start(serve, ServerSettings(root=str(root), port=0))
+        fs = await trio.to_thread.run_sync(new_fs, f"127.0.0.1:{server.port}")
+        serving.cancel_scope.cancel()
+    try:
+        with pytest.raises(ConnectionError):
+            await trio.to_thread.run_sync(fs.exists, "never/leased")
+    finally:
+        await trio.to_thread.run_sync(fs.client.close)
+
+
+async def test_a_server_that_never_answers_is_a_timeout(nursery):
+    async def hold(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    listeners = await nursery.start(partial(trio.serve_tcp, hold, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+
+    def try_it() -> None:
+        with pytest.raises(TimeoutError):
+            new_fs(f"127.0.0.1:{port}")
+
+    await trio.to_thread.run_sync(try_it)
