@@ -11,8 +11,14 @@ Theory of operation
 Names.  As fsspec's conventions say: paths without the protocol and without
 leading or trailing ``/`` (``"docs/a.txt"``; the root is ``""``), and every
 listing entry is a dict with ``name``, ``size``, ``type`` (``"file"`` or
-``"directory"``) and the entry's fscache ``version``.  fsspec's own listing cache
-is not used: the client's listings are leased, so they are never stale.
+``"directory"``), the entry's fscache ``version`` and ``mtime`` (the version, a
+file's ``st_mtime_ns`` on the server, in seconds: what LocalFileSystem gives).
+A URL names its server (``fscache://host:port/path``); an instance refuses
+(``ValueError``) a URL that names another server than its own, as written (so
+``localhost`` is not ``127.0.0.1``), and :meth:`FscacheFileSystem.unstrip_protocol`
+puts its own back, so a name it hands out opens the same file again.  fsspec's
+own listing cache is not used: the client's listings are leased, so they are
+never stale.
 
 Directories are the server's real directories.  ``mkdir``, ``makedirs`` and
 ``rmdir`` create and remove them (``create_parents`` and ``exist_ok`` as in
@@ -59,6 +65,7 @@ file); any other error is raised.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import os
 import tempfile
@@ -82,6 +89,8 @@ PROTOCOL = "fscache"
 
 Info = dict[str, Any]
 
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
 
 class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     protocol = PROTOCOL
@@ -90,9 +99,13 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, **kwargs: Any) -> None:
         client_options = {k: kwargs.pop(k) for k in ("client_id", "ssl_context") if k in kwargs}
         super().__init__(**kwargs)
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        with _os_errors(address):
-            self.client: BlockingClient = connect(address, **client_options)
+        self.host, self.port = host, int(port)
+        self.netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        with _os_errors(self.netloc):
+            self.client: BlockingClient = connect(self.netloc, **client_options)
+        # fsspec calls _strip_protocol on the class too, before any instance exists
+        # (only to strip); an instance's own also checks the server a URL names.
+        self._strip_protocol = self._strip_own_url  # type: ignore[method-assign]
 
     # ------------------------------------------------------------ URLs
     @classmethod
@@ -105,15 +118,30 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
             text = text.partition("/")[2]  # drop host:port
         return text.strip("/")
 
+    def _strip_own_url(self, path: Any) -> Any:
+        """:meth:`_strip_protocol` for this instance: ``ValueError`` for a URL that
+        names another server than this instance's."""
+        if isinstance(path, list):
+            return [self._strip_own_url(p) for p in path]
+        server = _server_of(str(path))
+        if server is not None and server != (self.host, self.port):
+            raise ValueError(
+                f"{str(path)!r} names the server {server[0]}:{server[1]}, but this file"
+                f" system is on {self.netloc}"
+            )
+        return type(self)._strip_protocol(path)
+
+    def unstrip_protocol(self, name: str) -> str:
+        """``name`` as a URL naming this instance's server, so that it opens the
+        same file again (``fsspec.open_files(...)[0].full_name``)."""
+        return f"{PROTOCOL}://{self.netloc}/{self._strip_protocol(name)}"
+
     @staticmethod
     def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
-        if not path.startswith(PROTOCOL + "://"):
+        server = _server_of(path)
+        if server is None:
             return {}
-        netloc = path[len(PROTOCOL) + 3 :].partition("/")[0]
-        if not netloc:
-            return {}
-        host, port = parse_address(netloc)
-        return {"host": host, "port": port}
+        return {"host": server[0], "port": server[1]}
 
     # ------------------------------------------------------------ listing
     def info(self, path: str, **kwargs: Any) -> Info:
@@ -131,6 +159,16 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         except (FileNotFoundError, NotADirectoryError):
             return False
         return True
+
+    def modified(self, path: str) -> datetime.datetime:
+        """When ``path`` last changed, in UTC: its version, which is its
+        ``st_mtime_ns`` on the server (to the microsecond)."""
+        return _EPOCH + datetime.timedelta(microseconds=self.info(path)["version"] // 1000)
+
+    def created(self, path: str) -> datetime.datetime:
+        """Not known: the server keeps no creation time (a file's one time is its
+        version, :meth:`modified`)."""
+        raise NotImplementedError("fscache keeps no creation time; see modified()")
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         path = self._strip_protocol(path)
@@ -387,10 +425,27 @@ class _File(AbstractBufferedFile):  # type: ignore[misc]
         return True
 
 
+def _server_of(url: str) -> tuple[str, int] | None:
+    """The ``(host, port)`` an ``fscache://`` URL names, or None if it names none."""
+    if not url.startswith(PROTOCOL + "://"):
+        return None
+    netloc = url[len(PROTOCOL) + 3 :].partition("/")[0]
+    if not netloc:
+        return None
+    try:
+        return parse_address(netloc)
+    except FscacheError as exc:
+        raise ValueError(str(exc)) from exc
+
+
 def _info(name: str, is_dir: bool, size: int, version: int) -> Info:
-    if is_dir:
-        return {"name": name, "size": 0, "type": "directory", "version": version}
-    return {"name": name, "size": size, "type": "file", "version": version}
+    return {
+        "name": name,
+        "size": 0 if is_dir else size,
+        "type": "directory" if is_dir else "file",
+        "version": version,
+        "mtime": version / 1e9,
+    }
 
 
 def _entry(parent: str, entry: DirEntry) -> Info:

@@ -10,7 +10,9 @@ while the server runs on the test's trio loop.
 
 from __future__ import annotations
 
+import datetime
 import errno
+import os
 from collections.abc import Callable
 from functools import partial
 
@@ -86,8 +88,9 @@ async def test_fsspec_reads_writes_lists_and_deletes(address):
 async def test_listings_follow_fsspecs_conventions(address):
     def use_it(fs: FscacheFileSystem) -> None:
         fs.pipe({"d/a": b"1", "d/sub/b": b"22", "d/sub/deep/c": b"333"})
-        assert fs.ls("fscache://127.0.0.1:1/d/a") == [
-            {"name": "d/a", "size": 1, "type": "file", "version": fs.info("d/a")["version"]}
+        version = fs.info("d/a")["version"]
+        assert fs.ls(f"fscache://{address}/d/a") == [
+            {"name": "d/a", "size": 1, "type": "file", "version": version, "mtime": version / 1e9}
         ]  # a file lists itself; names carry no protocol
         assert [(i["name"], i["type"]) for i in fs.ls("d")] == [
             ("d/a", "file"),
@@ -420,3 +423,49 @@ async def test_a_server_that_never_answers_is_a_timeout(nursery):
             new_fs(f"127.0.0.1:{port}")
 
     await trio.to_thread.run_sync(try_it)
+
+
+# ---------------------------------------------------------------- URLs
+async def test_urls_name_the_instances_server(address, nursery, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    other = await nursery.start(serve, ServerSettings(root=str(elsewhere), port=0))
+
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe({"t/a.txt": b"a", "t/b.txt": b"b"})
+        assert fs.unstrip_protocol("t/a.txt") == f"fscache://{address}/t/a.txt"
+        assert fs.unstrip_protocol(f"fscache://{address}/t/a.txt") == (
+            f"fscache://{address}/t/a.txt"
+        )
+        files = fsspec.open_files(f"fscache://{address}/t/*.txt")
+        assert [f.full_name for f in files] == [
+            f"fscache://{address}/t/a.txt",
+            f"fscache://{address}/t/b.txt",
+        ]
+        with fsspec.open(files[1].full_name, "rb") as f:
+            assert f.read() == b"b"
+        wrong = f"fscache://127.0.0.1:{other.port}/t/a.txt"
+        with pytest.raises(ValueError, match=f"127.0.0.1:{other.port}.*{address}"):
+            fs.cat(wrong)
+        with pytest.raises(ValueError):
+            fs.exists(wrong)
+        assert fs.cat(f"fscache://{address}/t/a.txt") == b"a"
+
+    await with_fs(address, use_it)
+
+
+# ---------------------------------------------------------------- times
+async def test_modified_is_the_version_in_utc_and_info_has_mtime(address, root):
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe_file("d/f", b"x")
+        ns = os.stat(root / "d" / "f").st_mtime_ns
+        assert fs.info("d/f")["version"] == ns
+        modified = fs.modified("d/f")
+        assert modified.tzinfo is not None and modified.utcoffset() == datetime.timedelta(0)
+        assert modified == datetime.datetime.fromtimestamp(ns // 1000 / 1e6, datetime.UTC)
+        assert fs.info("d/f")["mtime"] == ns / 1e9
+        assert [e["mtime"] for e in fs.ls("d")] == [ns / 1e9]
+        with pytest.raises(NotImplementedError):
+            fs.created("d/f")
+
+    await with_fs(address, use_it)
