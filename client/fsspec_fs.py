@@ -40,7 +40,15 @@ copy).
 Files.  ``open(path, "rb")`` is an fsspec buffered file whose ranges are ranged
 reads (:meth:`FscacheFileSystem._read_range`, the one place that reads part of
 a file); the client fetches only the chunks a range covers and caches them under
-the file's lease.  ``cat_file(path, start, end)`` is the same ranged read.
+the file's lease.  An open file is pinned to the version it was opened at: after
+each ranged fetch it checks the file's ``stat`` (no request while the file is leased,
+which the fetch has just made it) and raises :class:`FileExpired` if the version
+has changed or the file is gone, so its reads never mix two versions.  Versions
+are the files' ``st_mtime_ns`` and only increase, so a version seen after a fetch
+that matches the one at open means the fetch read that version.  (A file set back
+in time behind the server's back, by ``touch -d`` say, could defeat that.)
+``cat_file(path, start, end)`` is one ranged read, of one version, and needs no
+pin.
 ``"wb"`` keeps up to a block in memory and spools the rest to an anonymous
 temporary file; on close the whole is uploaded in parts and replaces the file
 atomically (readers see the old or the new contents, never a mix).  ``"xb"`` does
@@ -90,6 +98,17 @@ PROTOCOL = "fscache"
 Info = dict[str, Any]
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+class FileExpired(OSError):
+    """The file open for reading changed (or went away) on the server after it was
+    opened, so reading on would mix two versions. s3fs raises an exception of this
+    name when an object changes under an open file; fsspec itself defines none."""
+
+    def __init__(self, path: str, version: int) -> None:
+        super().__init__(
+            errno.ESTALE, f"the file changed after it was opened at version {version}", path
+        )
 
 
 class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
@@ -381,6 +400,7 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         **kwargs: Any,
     ) -> _File:
         path = self._strip_protocol(path)
+        info = None
         if mode == "rb":
             info = self.info(path)
             if info["type"] == "directory":
@@ -391,20 +411,32 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
                 raise FileExistsError(errno.EEXIST, "it exists", path)
         elif mode != "wb":
             raise ValueError(f"mode {mode!r} is not supported (rb, wb, xb)")
-        return _File(
-            self, path, mode, block_size, autocommit, cache_options=cache_options, **kwargs
-        )
+        f = _File(self, path, mode, block_size, autocommit, cache_options=cache_options, **kwargs)
+        if info is not None:
+            f.details = info  # its version is the one every read is checked against
+        return f
 
 
 class _File(AbstractBufferedFile):  # type: ignore[misc]
-    """``rb``: reads ranges through the file system's one ranged read. ``wb``/``xb``:
-    spools each full block to a temporary file and uploads the whole on close."""
+    """``rb``: reads ranges through the file system's one ranged read, each of the
+    version seen at open (see Files). ``wb``/``xb``: spools each full block to a
+    temporary file and uploads the whole on close."""
 
     fs: FscacheFileSystem
     _spool: IO[bytes] | None = None
 
     def _fetch_range(self, start: int, end: int) -> bytes:
-        return self.fs._read_range(self.path, start, end)
+        """Bytes ``start`` to ``end``, of the version this file was opened at: the
+        version is checked after the read (:class:`FileExpired` if it changed)."""
+        version = self.details["version"]
+        try:
+            data = self.fs._read_range(self.path, start, end)
+            now = self.fs.info(self.path)["version"]
+        except FileNotFoundError:
+            now = None
+        if now != version:
+            raise FileExpired(self.path, version)
+        return data
 
     def _upload_chunk(self, final: bool = False) -> bool:
         if self._spool is None and not final:

@@ -469,3 +469,30 @@ async def test_modified_is_the_version_in_utc_and_info_has_mtime(address, root):
             fs.created("d/f")
 
     await with_fs(address, use_it)
+
+
+# ---------------------------------------------------------------- an open file is one version
+async def test_an_open_file_reads_the_version_it_opened_or_raises_file_expired(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        other = new_fs(address)
+        try:
+            old, new = b"o" * 5000, b"n" * 5000
+            for replacement in (new, b"short", None):  # same size, shorter, deleted
+                fs.pipe_file("f", old)
+                with fs.open("f", "rb", block_size=1000, cache_type="none") as f:
+                    assert f.read(1000) == old[:1000]
+                    if replacement is None:
+                        other.rm_file("f")
+                    else:
+                        other.pipe_file("f", replacement)
+                    with pytest.raises(fsspec_fs.FileExpired) as expired:
+                        f.read()
+                    assert expired.value.filename == "f"
+                    assert expired.value.errno == errno.ESTALE
+            fs.pipe_file("f", old)
+            with fs.open("f", "rb", block_size=1000) as f:  # unchanged: reads on
+                assert f.read(10) == old[:10] and f.read() == old[10:]
+        finally:
+            other.client.close()
+
+    await with_fs(address, use_it)
