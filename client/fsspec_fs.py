@@ -58,6 +58,22 @@ create that loses a race raises ``FileExistsError`` instead of overwriting.
 from it.  Every write, small or an upload, creates missing parent directories on
 the server.
 
+Transactions.  Inside ``with fs.transaction:`` (and for a file opened with
+``autocommit=False``) a write does not touch its target: it is written whole to a
+hidden name beside it, ``.fsspec-tmp-<uuid>.<name>`` (never one of the store's
+reserved ``.fscache`` names; the uuid keeps writers apart), and ``commit`` renames
+that over the target (the server's rename is atomic: readers see the old file or
+the new one), ``discard`` deletes it.  The transaction commits its files when its
+body ends without an exception and discards them otherwise, one rename at a time
+(a reader may see some of them before the others); ``pipe_file``, ``put_file``
+and ``cp_file`` in a transaction are deferred the same way.  Moves, deletes and
+directories are not deferred (nor are they in fsspec's local file system).
+While deferred, the temporary name is visible in listings, and the parent
+directories a write made stay after a discard.  ``"xb"`` checks at open and
+again at commit that the target does not exist, but the server's rename has no
+"do not replace" form, so a file created between that check and the rename is
+replaced: an exclusive create in a transaction is not atomic (outside one it is).
+
 Errors.  One boundary, :func:`_os_errors`, turns the client's errors into the
 exceptions fsspec's callers expect (the table :data:`_OS_ERRORS`), the client's
 error kept as ``__cause__``: ``OSError`` subclasses for what is wrong with a
@@ -65,7 +81,7 @@ file, ``PermissionError`` for refused credentials, ``ConnectionError`` (or
 ``TimeoutError``, when waiting ran out) for a server out of reach, and
 ``ValueError`` for a path the server cannot take (as LocalFileSystem raises for
 one with a NUL).  The server says ``IsADirectory`` for a write whose path is a
-directory and for one below a file; :meth:`FscacheFileSystem._write` tells
+directory and for one below a file; :meth:`FscacheFileSystem._write_now` tells
 the two apart.  ``exists`` is False only for a path that is missing (or below a
 file); any other error is raised.
 """
@@ -77,6 +93,7 @@ import datetime
 import errno
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -91,9 +108,11 @@ from fscache.cache import DirEntry
 from fscache.client.blocking import BlockingClient, connect
 from fscache.client.client import DEFAULT_PORT, Source, parse_address
 from fscache.errors import FscacheError
+from fscache.paths import MAX_SEGMENT_BYTES
 from fscache.settings import CHUNK_SIZE
 
 PROTOCOL = "fscache"
+TEMP_PREFIX = ".fsspec-tmp-"  # a deferred write's name: this, a uuid, ".", the target's name
 
 Info = dict[str, Any]
 
@@ -375,15 +394,29 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         self._write(self._strip_protocol(path), bytes(value), exclusive=mode == "create")
 
     def _write(self, path: str, data: Source, *, exclusive: bool) -> None:
+        """Replace the file ``path`` with ``data`` now, or, inside a transaction,
+        under a temporary name until the transaction commits (see Transactions)."""
+        if not self._intrans:
+            self._write_now(path, data, exclusive=exclusive)
+            return
+        if exclusive and self.exists(path):
+            raise FileExistsError(errno.EEXIST, "it exists", path)
+        self.transaction.files.append(_Deferred(self, path, data, exclusive=exclusive))
+
+    def _write_now(
+        self, path: str, data: Source, *, exclusive: bool, into: str | None = None
+    ) -> None:
         """Replace the file ``path`` with ``data`` (bytes, or a binary file read from
-        where it stands); ``exclusive``: only if no file is there yet. The server
-        makes missing parent directories."""
+        where it stands); ``exclusive``: only if no file is there yet. ``into``: write
+        that name instead (a deferred write's temporary name beside ``path``), errors
+        naming ``path`` still. The server makes missing parent directories."""
+        target = path if into is None else into
         try:
             with _os_errors(path):
-                self.client.write(path, data, if_version=0 if exclusive else None)
+                self.client.write(target, data, if_version=0 if exclusive else None)
         except IsADirectoryError:  # the path is a directory, or a parent is a file
             try:
-                is_dir = self.client.stat(path).is_dir
+                is_dir = self.client.stat(target).is_dir
             except FscacheError:
                 is_dir = False
             if is_dir:
@@ -420,10 +453,13 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
 class _File(AbstractBufferedFile):  # type: ignore[misc]
     """``rb``: reads ranges through the file system's one ranged read, each of the
     version seen at open (see Files). ``wb``/``xb``: spools each full block to a
-    temporary file and uploads the whole on close."""
+    temporary file and uploads the whole on close; with ``autocommit=False`` under a
+    temporary name, published by :meth:`commit` (see Transactions)."""
 
     fs: FscacheFileSystem
+    closed: bool
     _spool: IO[bytes] | None = None
+    _deferred: _Deferred | None = None
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end``, of the version this file was opened at: the
@@ -447,14 +483,76 @@ class _File(AbstractBufferedFile):  # type: ignore[misc]
         if not final:
             return True
         source: Source = self.buffer.getvalue() if self._spool is None else self._spool
+        exclusive = self.mode == "xb"
         try:
             if self._spool is not None:
                 self._spool.seek(0)
-            self.fs._write(self.path, source, exclusive=self.mode == "xb")
+            if self.autocommit:
+                self.fs._write_now(self.path, source, exclusive=exclusive)
+            else:
+                self._deferred = _Deferred(self.fs, self.path, source, exclusive=exclusive)
         finally:
-            if self._spool is not None:
-                self._spool.close()
+            self._close_spool()
         return True
+
+    def commit(self) -> None:
+        """Publish the file (``autocommit=False``): close it, which writes it under
+        its temporary name, then rename that over the target."""
+        if self.autocommit:
+            raise RuntimeError("Can only commit if not already set to autocommit")
+        self.close()
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            deferred.commit()
+
+    def discard(self) -> None:
+        """Drop the file (``autocommit=False``): nothing is written if it is still
+        open, and what was written under the temporary name is deleted."""
+        if self.autocommit:
+            raise RuntimeError("Cannot discard if set to autocommit")
+        if not self.closed:
+            self.closed = True
+            self._close_spool()
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            deferred.discard()
+
+    def _close_spool(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
+
+
+class _Deferred:
+    """A write held back until a commit: made now, whole, under a temporary name
+    beside ``path``; :meth:`commit` renames it over ``path`` and :meth:`discard`
+    deletes it (see Transactions). fsspec's transaction calls one or the other."""
+
+    def __init__(self, fs: FscacheFileSystem, path: str, data: Source, *, exclusive: bool) -> None:
+        self.fs, self.path, self.exclusive = fs, path, exclusive
+        self.temp = _temp_name(path)
+        fs._write_now(path, data, exclusive=True, into=self.temp)
+
+    def commit(self) -> None:
+        if self.exclusive and self.fs.exists(self.path):  # not atomic: see Transactions
+            self.discard()
+            raise FileExistsError(errno.EEXIST, "it was created before the commit", self.path)
+        with _os_errors(self.path):
+            self.fs.client.rename(self.temp, self.path)
+
+    def discard(self) -> None:
+        with contextlib.suppress(FileNotFoundError), _os_errors(self.temp):
+            self.fs.client.delete(self.temp)
+
+
+def _temp_name(path: str) -> str:
+    """A hidden name beside ``path`` that no other writer picks and that is none of
+    the store's reserved names: :data:`TEMP_PREFIX`, a uuid, then as much of the
+    target's name as one name may hold (to tell what a leftover was for)."""
+    parent, _, name = path.rpartition("/")
+    head = f"{TEMP_PREFIX}{uuid.uuid4().hex}."
+    tail = name.encode()[: MAX_SEGMENT_BYTES - len(head)].decode(errors="ignore")
+    return _join(parent, head + tail)
 
 
 def _server_of(url: str) -> tuple[str, int] | None:

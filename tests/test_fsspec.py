@@ -496,3 +496,86 @@ async def test_an_open_file_reads_the_version_it_opened_or_raises_file_expired(a
             other.client.close()
 
     await with_fs(address, use_it)
+
+
+# ---------------------------------------------------------------- transactions
+async def test_a_transaction_publishes_its_files_only_when_it_ends_well(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        other = new_fs(address)
+        try:
+            big = bytes(range(256)) * (2 * CHUNK_SIZE // 256 + 3)  # an upload in parts
+            fs.pipe_file("t/a", b"old a")
+            with fs.transaction:
+                with fs.open("t/a", "wb") as f:
+                    f.write(b"new a")
+                with fs.open("t/big", "wb", block_size=CHUNK_SIZE) as f:
+                    f.write(big)
+                fs.pipe_file("t/piped", b"p")
+                fs.pipe_file("t/fscache-notes", b"n")  # its temporary name is no reserved one
+                assert other.cat_file("t/a") == b"old a"
+                assert not other.exists("t/big") and not other.exists("t/piped")
+            assert other.cat(["t/a", "t/big", "t/piped", "t/fscache-notes"]) == {
+                "t/a": b"new a",
+                "t/big": big,
+                "t/piped": b"p",
+                "t/fscache-notes": b"n",
+            }
+            assert other.ls("t", detail=False) == ["t/a", "t/big", "t/fscache-notes", "t/piped"]
+
+            with pytest.raises(RuntimeError, match="changed my mind"), fs.transaction:
+                with fs.open("t/a", "wb") as f:
+                    f.write(b"never")
+                fs.pipe_file("t/never", b"never")
+                raise RuntimeError("changed my mind")
+            assert other.cat_file("t/a") == b"new a" and not other.exists("t/never")
+            assert other.ls("t", detail=False) == ["t/a", "t/big", "t/fscache-notes", "t/piped"]
+        finally:
+            other.client.close()
+
+    await with_fs(address, use_it)
+
+
+async def test_a_file_opened_without_autocommit_waits_for_commit(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe_file("d/kept", b"old")
+        f = fs.open("d/kept", "wb", autocommit=False)
+        f.write(b"new")
+        f.close()
+        assert fs.cat_file("d/kept") == b"old"
+        f.commit()
+        assert fs.cat_file("d/kept") == b"new"
+
+        f = fs.open("d/kept", "wb", autocommit=False)
+        f.write(b"dropped")
+        f.close()
+        f.discard()
+        unclosed = fs.open("d/fresh", "wb", autocommit=False)
+        unclosed.write(b"dropped")
+        unclosed.discard()  # before any close: nothing goes up
+        assert fs.cat_file("d/kept") == b"new" and not fs.exists("d/fresh")
+        assert fs.ls("d", detail=False) == ["d/kept"]  # no temporary file left
+        with pytest.raises(RuntimeError):
+            fs.open("d/kept", "wb").commit()
+
+    await with_fs(address, use_it)
+
+
+async def test_an_exclusive_create_in_a_transaction_does_not_replace_a_newcomer(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        other = new_fs(address)
+        try:
+            with pytest.raises(FileExistsError), fs.transaction:
+                with fs.open("x/new", "xb") as f:
+                    f.write(b"mine")
+                other.pipe_file("x/new", b"theirs")
+            assert fs.cat_file("x/new") == b"theirs"
+            assert fs.ls("x", detail=False) == ["x/new"]
+            with pytest.raises(FileExistsError), fs.transaction:
+                fs.pipe_file("x/new", b"again", mode="create")
+            with fs.transaction:
+                fs.pipe_file("x/other", b"o", mode="create")
+            assert fs.cat_file("x/other") == b"o"
+        finally:
+            other.client.close()
+
+    await with_fs(address, use_it)
