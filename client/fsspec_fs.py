@@ -84,6 +84,14 @@ one with a NUL).  The server says ``IsADirectory`` for a write whose path is a
 directory and for one below a file; :meth:`FscacheFileSystem._write_now` tells
 the two apart.  ``exists`` is False only for a path that is missing (or below a
 file); any other error is raised.
+
+The client.  fsspec keeps its instances (one per set of arguments, per process,
+per thread) and hands the same one back for as long as the process lives, so an
+instance must outlive its client: :attr:`FscacheFileSystem.client` connects a
+new blocking client (same address, TLS context and options) whenever the one it
+holds is closed, by ``fs.client.close()`` or because this process is a child
+forked after it was made (a client's loop thread does not cross a ``fork``; the
+parent's client is left alone there, never closed from the child).
 """
 
 from __future__ import annotations
@@ -93,6 +101,7 @@ import datetime
 import errno
 import os
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import IO, Any
@@ -130,20 +139,61 @@ class FileExpired(OSError):
         )
 
 
+# Forks this process is below: a client made at a lower count belongs to a parent.
+_forks = 0
+# Held while an instance connects a new client. A forked child gets a new one: a
+# thread of the parent may have held it at the fork.
+_reconnecting = threading.Lock()
+# A parent's clients, kept from the collector in a forked child: closing one there
+# would wait forever on a loop thread that did not cross the fork.
+_left_behind: list[BlockingClient] = []
+
+
+def _after_fork_in_child() -> None:
+    global _forks, _reconnecting
+    _forks += 1
+    _reconnecting = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     protocol = PROTOCOL
     root_marker = ""
 
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, **kwargs: Any) -> None:
-        client_options = {k: kwargs.pop(k) for k in ("client_id", "ssl_context") if k in kwargs}
+        self._client_options = {
+            k: kwargs.pop(k) for k in ("client_id", "ssl_context") if k in kwargs
+        }
         super().__init__(**kwargs)
         self.host, self.port = host, int(port)
         self.netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        with _os_errors(self.netloc):
-            self.client: BlockingClient = connect(self.netloc, **client_options)
+        self._client = self._connect()
+        self._forks = _forks
         # fsspec calls _strip_protocol on the class too, before any instance exists
         # (only to strip); an instance's own also checks the server a URL names.
         self._strip_protocol = self._strip_own_url  # type: ignore[method-assign]
+
+    # ------------------------------------------------------------ the client
+    @property
+    def client(self) -> BlockingClient:
+        """The blocking client; a new one if the one held is closed (see "The
+        client" above)."""
+        client = self._client
+        if client.closed or self._forks != _forks:
+            with _reconnecting:
+                client = self._client
+                if client.closed or self._forks != _forks:
+                    if not client.closed:  # a parent's, in a forked child
+                        _left_behind.append(client)
+                    client = self._client = self._connect()
+                    self._forks = _forks
+        return client
+
+    def _connect(self) -> BlockingClient:
+        with _os_errors(self.netloc):
+            return connect(self.netloc, **self._client_options)
 
     # ------------------------------------------------------------ URLs
     @classmethod

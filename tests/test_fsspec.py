@@ -4,17 +4,22 @@ The conventions fsspec's own abstract tests do not pin down (those run in
 test_fsspec_abstract.py): listings, the server's own directories, one request
 per directory listed, atomic moves, the error types, exclusive creates that lose a
 race, ranged reads that fetch only what they cover, spooled writes, streamed get
-and put. The file system is blocking, so each test drives it from a worker thread
-while the server runs on the test's trio loop.
+and put, open files pinned to one version, transactions, URLs that name their
+server, times, and a file system that outlives its client (a close, a fork). The
+file system is blocking, so each test drives it from a worker thread while the
+server runs on the test's trio loop.
 """
 
 from __future__ import annotations
 
 import datetime
 import errno
+import multiprocessing
 import os
 from collections.abc import Callable
 from functools import partial
+from multiprocessing.connection import Connection
+from typing import Any
 
 import fsspec
 import pytest
@@ -34,7 +39,7 @@ def _close_cached_file_systems():
     to a server that is gone, in background threads, for the rest of the run."""
     yield
     for fs in list(FscacheFileSystem._cache.values()):
-        fs.client.close()
+        fs._client.close()  # not fs.client, which would connect again
     FscacheFileSystem.clear_instance_cache()
 
 
@@ -577,5 +582,67 @@ async def test_an_exclusive_create_in_a_transaction_does_not_replace_a_newcomer(
             assert fs.cat_file("x/other") == b"o"
         finally:
             other.client.close()
+
+    await with_fs(address, use_it)
+
+
+# ---------------------------------------------------------------- the client's lifetime
+async def test_a_file_system_whose_client_closed_connects_again(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe_file("f", b"1")
+        fs.client.close()
+        assert fs.cat_file("f") == b"1"
+        host, port = address.split(":")
+        cached = fsspec.filesystem("fscache", host=host, port=int(port))
+        cached.client.close()
+        again = fsspec.filesystem("fscache", host=host, port=int(port))
+        assert again is cached
+        assert again.cat_file("f") == b"1"
+
+    await with_fs(address, use_it)
+
+
+# The file system a forked child uses: made by the parent before the fork.
+_forked_fs: FscacheFileSystem | None = None
+
+
+def _read_in_child(conn: Connection) -> None:
+    """In a forked child: on the parent's word, read ``shared`` through the file
+    system the parent made, and send back what was read (or the error)."""
+    assert _forked_fs is not None
+    conn.recv()
+    try:
+        conn.send(_forked_fs.cat_file("shared"))
+    except Exception as exc:
+        conn.send(repr(exc))
+    finally:
+        _forked_fs.client.close()
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+async def test_a_forked_child_reads_fresh_data_through_the_parents_file_system(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        global _forked_fs
+        _forked_fs = fs
+        fs.pipe_file("shared", b"before the fork")
+        assert fs.cat_file("shared") == b"before the fork"  # cached here, under a lease
+        context = multiprocessing.get_context("fork")
+        ours, theirs = context.Pipe()
+        child: Any = context.Process(target=_read_in_child, args=(theirs,))
+        child.start()
+        try:
+            fs.pipe_file("shared", b"after the fork")
+            ours.send("go")
+            assert ours.poll(30), "the child did not answer"
+            assert ours.recv() == b"after the fork"
+            child.join(30)
+            assert child.exitcode == 0
+        finally:
+            _forked_fs = None
+            if child.is_alive():
+                child.kill()
+                child.join()
+            ours.close()
+            theirs.close()
 
     await with_fs(address, use_it)
