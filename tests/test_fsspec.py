@@ -586,6 +586,28 @@ async def test_an_exclusive_create_in_a_transaction_does_not_replace_a_newcomer(
     await with_fs(address, use_it)
 
 
+# ---------------------------------------------------------------- listings' freshness
+async def test_listed_names_are_fresh_and_info_is_exact(address):
+    """What the theory note promises: names in a listing are never stale; sizes in
+    a cached listing are as of the listing; ``info`` and ``size`` are exact."""
+
+    def use_it(fs: FscacheFileSystem) -> None:
+        other = new_fs(address)
+        try:
+            fs.pipe_file("d/f", b"1")
+            assert [e["size"] for e in fs.ls("d")] == [1]  # the listing is leased here
+            other.pipe_file("d/f", b"22")  # in place: the listing's names are unchanged
+            other.pipe_file("d/g", b"333")  # a new name: the listing is dropped first
+            assert fs.ls("d", detail=False) == ["d/f", "d/g"]
+            assert fs.info("d/f")["size"] == fs.size("d/f") == 2
+            other.pipe_file("d/g", b"4444")
+            assert fs.info("d/g")["size"] == 4
+        finally:
+            other.client.close()
+
+    await with_fs(address, use_it)
+
+
 # ---------------------------------------------------------------- the client's lifetime
 async def test_a_file_system_whose_client_closed_connects_again(address):
     def use_it(fs: FscacheFileSystem) -> None:
