@@ -531,7 +531,7 @@ class _File(AbstractBufferedFile):  # type: ignore[misc]
         try:
             data = self.fs._read_range(self.path, start, end)
             now = self.fs.info(self.path)["version"]
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # gone
             now = None
         if now != version:
             raise FileExpired(self.path, version)

@@ -482,18 +482,21 @@ async def test_an_open_file_reads_the_version_it_opened_or_raises_file_expired(a
         other = new_fs(address)
         try:
             old, new = b"o" * 5000, b"n" * 5000
-            for replacement in (new, b"short", None):  # same size, shorter, deleted
+            for replacement in (new, b"short", None, "dir"):  # also deleted, a directory
                 fs.pipe_file("f", old)
                 with fs.open("f", "rb", block_size=1000, cache_type="none") as f:
                     assert f.read(1000) == old[:1000]
-                    if replacement is None:
-                        other.rm_file("f")
-                    else:
+                    if isinstance(replacement, bytes):
                         other.pipe_file("f", replacement)
+                    else:
+                        other.rm_file("f")
+                        if replacement == "dir":
+                            other.mkdir("f")
                     with pytest.raises(fsspec_fs.FileExpired) as expired:
                         f.read()
                     assert expired.value.filename == "f"
                     assert expired.value.errno == errno.ESTALE
+            other.rmdir("f")
             fs.pipe_file("f", old)
             with fs.open("f", "rb", block_size=1000) as f:  # unchanged: reads on
                 assert f.read(10) == old[:10] and f.read() == old[10:]
