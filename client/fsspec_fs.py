@@ -103,8 +103,8 @@ per thread) and hands the same one back for as long as the process lives, so an
 instance must outlive its client: :attr:`FscacheFileSystem.client` connects a
 new blocking client (same address, TLS context and options) whenever the one it
 holds is closed, by ``fs.client.close()`` or because this process is a child
-forked after it was made (a client's loop thread does not cross a ``fork``; the
-parent's client is left alone there, never closed from the child).
+forked after it was made (in the child the blocking client closes every client
+of the parent: their loop threads did not cross the fork).
 """
 
 from __future__ import annotations
@@ -152,19 +152,13 @@ class FileExpired(OSError):
         )
 
 
-# Forks this process is below: a client made at a lower count belongs to a parent.
-_forks = 0
 # Held while an instance connects a new client. A forked child gets a new one: a
 # thread of the parent may have held it at the fork.
 _reconnecting = threading.Lock()
-# A parent's clients, kept from the collector in a forked child: closing one there
-# would wait forever on a loop thread that did not cross the fork.
-_left_behind: list[BlockingClient] = []
 
 
 def _after_fork_in_child() -> None:
-    global _forks, _reconnecting
-    _forks += 1
+    global _reconnecting
     _reconnecting = threading.Lock()
 
 
@@ -183,7 +177,6 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         self.host, self.port = host, int(port)
         self.netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._client = self._connect()
-        self._forks = _forks
         # fsspec calls _strip_protocol on the class too, before any instance exists
         # (only to strip); an instance's own also checks the server a URL names.
         self._strip_protocol = self._strip_own_url  # type: ignore[method-assign]
@@ -194,14 +187,11 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         """The blocking client; a new one if the one held is closed (see "The
         client" above)."""
         client = self._client
-        if client.closed or self._forks != _forks:
+        if client.closed:
             with _reconnecting:
                 client = self._client
-                if client.closed or self._forks != _forks:
-                    if not client.closed:  # a parent's, in a forked child
-                        _left_behind.append(client)
+                if client.closed:
                     client = self._client = self._connect()
-                    self._forks = _forks
         return client
 
     def _connect(self) -> BlockingClient:
