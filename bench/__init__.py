@@ -1,2 +1,23 @@
 """Benchmarks: the speed figures (``speed``), the paper's workload (``workload``), the
-stale-read checker (``checker``) and the crash demo (``demo``)."""
+stale-read checker (``checker``) and the crash demo (``demo``).
+
+The benchmarks need the ``bench`` extra (numpy, matplotlib, redis, etcd3gw), which a
+plain install lacks; their command lines load without it, so ``--help`` always
+works, and a run first asks :func:`missing_extra` what is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+BENCH_EXTRA_HINT = "pip install 'fscache[bench]'"
+
+
+def missing_extra(*modules: str) -> str | None:
+    """One line naming the first of ``modules`` that is not installed and how to get
+    it, or None when all of them are there. Asked before a run, not at import, so a
+    missing extra is one clear line rather than a traceback from deep inside."""
+    for name in modules:
+        if importlib.util.find_spec(name) is None:
+            return f"{name} is not installed; the benchmarks need it: {BENCH_EXTRA_HINT}"
+    return None

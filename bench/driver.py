@@ -32,20 +32,12 @@ from typing import Any
 
 import numpy as np
 
-SYSTEMS = ("fscache", "ttl", "redis")
+from fscache.bench.workload_config import ClientPlan
+
 GRACE = 5.0  # seconds an operation may still run after the schedule ends
 
 
 # ---------------------------------------------------------------- what a run is
-@dataclasses.dataclass(frozen=True)
-class ClientPlan:
-    index: int  # global client number
-    files: tuple[int, ...]  # the files it reads ...
-    read_p: tuple[float, ...]  # ... with these probabilities
-    owned: tuple[int, ...]  # the files it alone writes ...
-    write_p: tuple[float, ...]  # ... with these probabilities
-
-
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
     run: int

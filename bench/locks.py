@@ -51,7 +51,7 @@ from typing import Any
 import trio
 
 import fscache
-from fscache.bench import procs
+from fscache.bench import missing_extra, procs
 from fscache.bench.demo_reader import Reader
 from fscache.bench.harness import ServerProcess, free_port, fscache_server
 from fscache.bench.lock_holder import emit
@@ -330,6 +330,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.ttl != round(args.ttl) or args.ttl < 1:
         parser.error("--ttl must be a whole number of seconds: etcd's leases count in seconds")
+    missing = missing_extra("etcd3gw")
+    if missing is not None:
+        print(f"{parser.prog}: {missing}", file=sys.stderr)
+        return 2
     if args.hold == "etcd":
         _hold_etcd(args.port, args.name, args.ttl)
         return 0

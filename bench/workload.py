@@ -27,9 +27,8 @@ import dataclasses
 import os
 import sys
 
-from fscache.bench.sweep import run_benchmark
+from fscache.bench import missing_extra
 from fscache.bench.workload_config import Config
-from fscache.bench.workload_report import format_tables
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -92,6 +91,14 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"fscache bench: {exc}", file=sys.stderr)
         return 2
+    missing = missing_extra("numpy", "matplotlib")
+    if missing is not None:
+        print(f"fscache bench: {missing}", file=sys.stderr)
+        return 2
+    # Imported only now: the run needs numpy, which --help and a bad option do not.
+    from fscache.bench.sweep import run_benchmark
+    from fscache.bench.workload_report import format_tables
+
     results = run_benchmark(cfg, args.out, progress=not args.no_progress)
     print(results["description"])
     print()

@@ -11,9 +11,21 @@ import statistics
 from collections.abc import Sequence
 
 from fscache.bench import model
-from fscache.bench.driver import SYSTEMS, ClientPlan
 
+SYSTEMS = ("fscache", "ttl", "redis")
 QUICK_SCALE = 10.0  # --quick: rates x10, terms and skew /10 (R t_C is kept)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientPlan:
+    """One client's share of the workload (here, not in the driver that runs it, so
+    the configuration loads without numpy: ``fscache bench --help`` needs no extra)."""
+
+    index: int  # global client number
+    files: tuple[int, ...]  # the files it reads ...
+    read_p: tuple[float, ...]  # ... with these probabilities
+    owned: tuple[int, ...]  # the files it alone writes ...
+    write_p: tuple[float, ...]  # ... with these probabilities
 
 
 @dataclasses.dataclass

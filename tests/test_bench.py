@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +175,47 @@ def test_fscache_bench_hands_its_options_to_the_benchmark(prefix: list[str]) -> 
     with pytest.raises(SystemExit) as exit_:
         cli.main([*prefix, "ls", "127.0.0.1:1", "--clients", "3"])  # not ls's option
     assert exit_.value.code == 2
+
+
+# Runs a module as ``python -m`` would, with the named modules made unimportable: an
+# install without the bench extra, in a venv that has it.
+WITHOUT = """
+import runpy, sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None  # import raises ModuleNotFoundError
+sys.argv = sys.argv[2:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def run_without(missing: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT, missing, *argv],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_fscache_bench_help_needs_no_bench_extra() -> None:
+    result = run_without("numpy,matplotlib", "fscache", "bench", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: fscache bench" in result.stdout
+
+
+def test_a_benchmark_without_the_bench_extra_says_how_to_get_it() -> None:
+    result = run_without("numpy", "fscache", "bench", "--quick", "--no-progress")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "fscache bench: numpy is not installed; the benchmarks need it:"
+        " pip install 'fscache[bench]'"
+    ]
+
+
+def test_the_locks_benchmark_without_etcd3gw_says_how_to_get_it() -> None:
+    result = run_without("etcd3gw", "fscache.bench.locks", "--quick")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "etcd3gw is not installed" in result.stderr
+    assert "pip install 'fscache[bench]'" in result.stderr
 
 
 def test_values_round_trip_through_file_contents() -> None:
