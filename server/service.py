@@ -564,11 +564,6 @@ class FileService:
         )
         self.epoch = secrets.token_hex(8)
         self.started_at = trio.current_time()
-        self.restart_window = begin_incarnation(self.store, self.policy.max_term, settings.skew)
-        self.stopped_cleanly = False  # set by shutdown: the next start needs no window
-        self.table = LeaseTable(
-            self.policy, skew=settings.skew, hold_writes_until=self.started_at + self.restart_window
-        )
         self.locks = LockService(
             self.store, skew=settings.skew, blocking_io=blocking_io, now=self.started_at
         )
@@ -601,6 +596,14 @@ class FileService:
             HolderId(f"{self.epoch}.server"), Outbox(Nowhere(), 0), trio.CancelScope(),
             "server", self.counters, alive=False,
         )  # fmt: skip
+        # Last, once everything that can refuse the start (the access file, the lock
+        # log) has been read: a start refused before this line leaves the record as
+        # it found it, and the next start no window it does not need.
+        self.restart_window = begin_incarnation(self.store, self.policy.max_term, settings.skew)
+        self.stopped_cleanly = False  # set by shutdown: the next start needs no window
+        self.table = LeaseTable(
+            self.policy, skew=settings.skew, hold_writes_until=self.started_at + self.restart_window
+        )
 
     # ------------------------------------------------------------ running
     async def run(self, *, task_status: trio.TaskStatus[list[trio.SocketListener]]) -> None:

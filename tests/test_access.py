@@ -179,6 +179,31 @@ def test_an_invalid_file_is_refused_with_line_and_reason(text: str, where: str) 
         parse(text, source="access.toml")
 
 
+def test_a_start_refused_for_its_access_file_leaves_no_restart_window(
+    root: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """A refused start served nothing: the next start must not wait out its leases."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text('default = "read"\n\n[[rule]]\nidentity = "a"\nprefix = ""\naccess = "all"\n')
+    serve = [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0"]
+    for access in (bad, tmp_path / "missing.toml"):
+        refused = subprocess.run(
+            [*serve, "--access", str(access)], capture_output=True, text=True, timeout=30
+        )
+        assert refused.returncode == 1, refused.stderr
+        assert str(access) in refused.stderr and "Traceback" not in refused.stderr
+    proc = subprocess.Popen(serve, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    try:
+        assert parse_serving_line(proc.stdout.readline()) is not None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out = proc.stdout.read()  # what readline buffered too
+        proc.wait(timeout=30)
+        proc.stdout.close()
+    assert "restart window" not in out, out
+
+
 # ---------------------------------------------------------------- the service
 @pytest.fixture
 def tls(tmp_path: pathlib.Path) -> pathlib.Path:
