@@ -96,6 +96,7 @@ from fscache.settings import (
     DEFAULT_PORT,
     DEFAULT_SKEW,
     MAX_PATHS,
+    BadSetting,
     check_duration,
     check_extent,
 )
@@ -1716,24 +1717,58 @@ def _copy_error(error: BaseException) -> BaseException:
 
 
 def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """``host:port``, ``host``, ``[v6]:port`` -> (host, port); FscacheError if malformed."""
+    """``HOST:PORT``, ``HOST`` or ``[IPv6]:PORT`` -> (host, port); a bare IPv6 address,
+    without a port, is a host too. Anything else is the caller's mistake:
+    :class:`~fscache.settings.BadSetting` (a ValueError) names the address and the
+    forms it may take, and a host name IDNA cannot encode is refused here rather than
+    by the resolver (which raises UnicodeError, not OSError). TypeError if
+    ``address`` is not a string."""
+    if not isinstance(address, str):
+        raise TypeError(f"an address is a str such as 'HOST:PORT', not {type(address).__name__}")
     text = address.strip()
     if not text:
-        raise FscacheError("empty address; expected HOST:PORT")
+        raise _bad_address(address, "it is empty")
+    if "://" in text:
+        raise _bad_address(address, "it is a URL; give only the host and port")
+    port_text: str | None = None
     if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    elif text.count(":") == 1:
-        host, port_text = text.split(":")
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or not _is_ipv6(host):
+            raise _bad_address(address, "brackets hold an IPv6 address")
+        if rest:
+            if not rest.startswith(":"):
+                raise _bad_address(address, f"{rest!r} after the brackets")
+            port_text = rest[1:]
+    elif _is_ipv6(text):
+        return text, default_port
+    elif text.count(":") > 1:
+        raise _bad_address(address, "more than one ':' (an IPv6 address goes in brackets)")
     else:
-        host, port_text = text, ""
+        host, colon, after = text.partition(":")
+        port_text = after if colon else None
     if not host:
-        raise FscacheError(f"bad address {address!r}: no host")
-    if not port_text:
-        return host, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise FscacheError(f"bad address {address!r}: port must be 1..65535")
-    return host, int(port_text)
+        raise _bad_address(address, "no host")
+    if port_text == "":
+        raise _bad_address(address, "no port after ':'")
+    if port_text is not None and (not port_text.isdigit() or not 0 < int(port_text) < 65536):
+        raise _bad_address(address, "port must be 1..65535")
+    if not _is_ipv6(host):
+        try:
+            host.encode("idna")
+        except UnicodeError:
+            raise _bad_address(address, f"{host!r} is not a valid host name") from None
+    return host, default_port if port_text is None else int(port_text)
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == 6
+    except ValueError:
+        return False
+
+
+def _bad_address(address: str, why: str) -> BadSetting:
+    return BadSetting(f"bad address {address!r}: {why}; expected HOST:PORT, HOST or [IPv6]:PORT")
 
 
 async def open_tcp(host: str, port: int) -> trio.SocketStream:
@@ -1784,8 +1819,16 @@ async def open_client(
 
     Raises :class:`Unavailable` if the first connection cannot be made. ``clock`` is
     the monotonic clock leases are timed on (``trio.current_time`` under a MockClock);
-    ``opener`` replaces TCP with any trio stream (tests use memory streams)."""
-    address = f"{host}:{port}"
+    ``opener`` replaces TCP with any trio stream (tests use memory streams).
+    :class:`~fscache.settings.BadSetting` (a ValueError) if ``host`` is no host: a
+    name IDNA cannot encode, or ``HOST:PORT`` (the port goes in ``port``)."""
+    if opener is None:
+        named, its_port = parse_address(host)
+        if named != host:
+            raise BadSetting(
+                f"bad host {host!r}: give the port apart, open_client({named!r}, {its_port})"
+            )
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     client = Client(
         opener or tcp_opener(host, port, ssl_context),
         client_id=client_id,

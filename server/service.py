@@ -617,7 +617,11 @@ class FileService:
         try:
             listeners = await trio.open_tcp_listeners(s.port, host=s.host, backlog=LISTEN_BACKLOG)
         except OSError as exc:
-            raise FscacheError(f"cannot listen on {s.host}:{s.port}: {exc}") from None
+            raise FscacheError(f"cannot listen on {_shown(s.host)}:{s.port}: {exc}") from None
+        except UnicodeError:  # the resolver's, for a name IDNA cannot encode ("a..b")
+            raise FscacheError(
+                f"cannot listen on {_shown(s.host)}:{s.port}: bad host name"
+            ) from None
         _raise_open_files_limit(s.max_connections)
         log.info(
             "limits: %s", ", ".join(f"{name} {getattr(s, name)}" for name in LIMITS + TIMEOUTS)
@@ -1839,6 +1843,11 @@ def _identity(stream: trio.abc.Stream) -> str:
 
         return peer_identity(stream.getpeercert()) or ANONYMOUS
     return ANONYMOUS
+
+
+def _shown(host: str) -> str:
+    """``host`` as it goes before ``:PORT``: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
 
 
 def _is_loopback(listener: trio.SocketListener) -> bool:

@@ -20,6 +20,7 @@ import trio
 import fscache
 from fscache.bench.frames import FrameConnection
 from fscache.cli import parse_serving_line
+from fscache.client.client import parse_address
 from fscache.protocol import read_frame
 from fscache.server.service import ServerSettings, serve
 from fscache.settings import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SKEW, DEFAULT_TERM, BadSetting
@@ -221,13 +222,70 @@ def test_command_line_errors_are_one_clear_line(served, args, code, message):
     assert message in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:notaport", "localhost:99999", ":7710", ""])
+BAD_ADDRESSES = [
+    "127.0.0.1:notaport", "localhost:99999", ":7710", "", "127.0.0.1:",
+    "http://127.0.0.1:17301", "::1:17301", "127.0.0.1:17301:5", "[localhost]:1", "[::1]x",
+    "a..b:17301", "a" * 64 + ":17301", "\udcff:17301",  # names IDNA cannot encode
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("address", BAD_ADDRESSES)
 def test_a_bad_address_is_bad_usage(address):
-    result = fscache_command("read", address, "x")
-    assert result.returncode == 2
-    last = result.stderr.decode().strip().splitlines()[-1]
-    assert last.startswith("fscache read: error: argument HOST:PORT: ")
-    assert "address" in last
+    result = subprocess.run(
+        [sys.executable, "-m", "fscache", "read", address, "x"],
+        capture_output=True, timeout=30, errors="surrogateescape",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("fscache read: error: argument HOST:PORT: bad address ")
+    assert "expected HOST:PORT, HOST or [IPv6]:PORT" in last
+
+
+@pytest.mark.parametrize("address", BAD_ADDRESSES)
+def test_a_bad_address_is_a_bad_setting_for_the_library(address):
+    with pytest.raises(BadSetting, match="bad address"):
+        parse_address(address)
+    with pytest.raises(ValueError):  # BadSetting is one
+        fscache.connect(address)
+
+
+@pytest.mark.parametrize(
+    ("address", "parsed"),
+    [("h", ("h", DEFAULT_PORT)), ("h:1", ("h", 1)), ("[::1]:2", ("::1", 2)),
+     ("::1", ("::1", DEFAULT_PORT)), (" 127.0.0.1:3 ", ("127.0.0.1", 3))],
+)  # fmt: skip
+def test_good_addresses_parse(address, parsed):
+    assert parse_address(address) == parsed
+
+
+def test_an_address_that_is_no_string_is_a_type_error():
+    for address in (None, 7710, b"h:1"):
+        with pytest.raises(TypeError):
+            parse_address(address)
+
+
+async def test_open_client_refuses_a_host_it_cannot_resolve_or_with_a_port():
+    with pytest.raises(BadSetting, match=r"open_client\('127.0.0.1', 17301\)"):
+        async with fscache.open_client("127.0.0.1:17301"):
+            pass
+    for host in ("a..b", "a" * 64, "\udcff"):
+        with pytest.raises(BadSetting, match="not a valid host name"):
+            async with fscache.open_client(host, 17301):
+                pass
+
+
+def test_an_unreachable_ipv6_server_is_named_in_brackets():
+    result = fscache_command("read", "[::1]:1", "x")
+    assert result.returncode == 3
+    assert "[::1]:1" in result.stderr.decode()
+
+
+@pytest.mark.parametrize("host", ["a..b", "a" * 64])
+def test_serve_on_a_host_name_that_cannot_be_encoded_is_one_line(tmp_path, host):
+    result = fscache_command("serve", "--root", str(tmp_path), "--port", "0", "--host", host)
+    err = result.stderr.decode()
+    assert result.returncode == 1 and f"cannot listen on {host}:0: bad host name" in err, err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_bad_serve_arguments_are_refused(tmp_path):
