@@ -10,11 +10,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fscache.bench import model
-from fscache.bench.driver import GRACE, ClientPlan, RunSpec, WorkerResult, encode_value, path_of
+from fscache.bench.driver import GRACE, RunSpec, WorkerResult, encode_value, path_of
 from fscache.bench.harness import fscache_server, redis_server
 from fscache.bench.procs import WorkerPool
 from fscache.bench.progress import Progress
-from fscache.bench.workload_config import Config, phases_for
+from fscache.bench.workload_config import ClientPlan, Config, phases_for
 from fscache.bench.workload_results import summarize_run
 
 START_DELAY = 0.3  # seconds between "go" and the first scheduled operation
