@@ -9,6 +9,9 @@ works, and a run first asks :func:`missing_extra` what is missing.
 from __future__ import annotations
 
 import importlib.util
+import sys
+from collections.abc import Callable
+from typing import Any
 
 BENCH_EXTRA_HINT = "pip install 'fscache[bench]'"
 
@@ -21,3 +24,14 @@ def missing_extra(*modules: str) -> str | None:
         if importlib.util.find_spec(name) is None:
             return f"{name} is not installed; the benchmarks need it: {BENCH_EXTRA_HINT}"
     return None
+
+
+def run_main(main: Callable[..., int | None], *args: Any) -> int:
+    """A benchmark's ``python -m`` entry: ``main(*args)``'s exit status, and for a
+    Ctrl-C one line and 130. Its children have been stopped by the ``with`` and
+    ``finally`` blocks the interrupt went through; its workers ignore Ctrl-C."""
+    try:
+        return main(*args) or 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

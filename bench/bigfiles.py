@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 
 import fscache
+from fscache.bench import run_main
 from fscache.bench.harness import fscache_server
 from fscache.bench.mount_speed import medians, mounted
 
@@ -195,4 +196,4 @@ def _mib(size: int) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -57,6 +57,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from fscache.bench import run_main
 from fscache.bench.harness import START_TIMEOUT, serve_argv
 from fscache.cli import parse_serving_line
 
@@ -563,4 +564,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

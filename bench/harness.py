@@ -83,10 +83,15 @@ def spawn(
         stderr=subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,
         text=True,
+        start_new_session=True,  # a Ctrl-C at the terminal is ours to handle
     )
     server = ServerProcess(name, popen, 0)
     assert popen.stdout is not None
-    line = popen.stdout.readline()
+    try:
+        line = popen.stdout.readline()
+    except BaseException:  # interrupted (Ctrl-C) before the caller's `with` holds it
+        server.stop()
+        raise
     address = address_in(line)
     if address is None:
         server.stop()
@@ -175,8 +180,9 @@ def redis_server(workdir: str) -> Iterator[ServerProcess]:
         "--appendonly", "no", "--dir", workdir, "--daemonize", "no", "--loglevel", "warning",
     ]  # fmt: skip
     popen = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
-    )
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+        start_new_session=True,  # a Ctrl-C at the terminal is ours to handle
+    )  # fmt: skip
     server = ServerProcess("redis", popen, port)  # type: ignore[arg-type]
     try:
         if not wait_ready(popen, functools.partial(_accepts, port), START_TIMEOUT):

@@ -43,6 +43,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from fscache.bench import run_main
 from fscache.bench.harness import fscache_server
 from fscache.bench.procs import stop_command
 
@@ -269,4 +270,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -51,7 +51,7 @@ from typing import Any
 import trio
 
 import fscache
-from fscache.bench import missing_extra, procs
+from fscache.bench import missing_extra, procs, run_main
 from fscache.bench.demo_reader import Reader
 from fscache.bench.harness import ServerProcess, free_port, fscache_server
 from fscache.bench.lock_holder import emit
@@ -88,8 +88,9 @@ def etcd_server(workdir: str) -> Iterator[ServerProcess]:
         "--log-level", "error",
     ]  # fmt: skip
     popen = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
-    )
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+        start_new_session=True,  # a Ctrl-C at the terminal is ours to handle
+    )  # fmt: skip
     server = ServerProcess("etcd", popen, client)  # type: ignore[arg-type]
     try:
         if not procs.wait_ready(popen, lambda: _etcd_healthy(client), START_TIMEOUT):
@@ -360,4 +361,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

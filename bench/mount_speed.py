@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 
+from fscache.bench import run_main
 from fscache.bench.harness import fscache_server
 
 FILE_SIZE = 100
@@ -146,4 +147,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

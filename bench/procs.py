@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -133,6 +134,14 @@ def tail(path: str, count: int = 8) -> list[str]:
         return []
 
 
+def _worker(target: Callable[[Any], None], connection: Any) -> None:
+    """A worker's life: ``target(connection)`` with Ctrl-C ignored. A Ctrl-C at the
+    terminal reaches the whole process group; the parent alone handles it and stops
+    its workers, which would otherwise each print a KeyboardInterrupt traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # it is already, from the parent
+    target(connection)
+
+
 class WorkerPool:
     """``n`` worker processes running ``target(connection)``, reused for many rounds:
     send each a request, then collect one reply from each."""
@@ -144,9 +153,16 @@ class WorkerPool:
         for i in range(n):
             ours, theirs = context.Pipe()
             process = context.Process(
-                target=target, args=(theirs,), name=f"{name}-{i}", daemon=True
+                target=_worker, args=(target, theirs), name=f"{name}-{i}", daemon=True
             )
-            process.start()
+            # An ignored signal stays ignored across exec: the child ignores Ctrl-C
+            # from its first instruction, not only once _worker runs (a Ctrl-C while
+            # it imports would be a traceback). Ours is ignored only while it forks.
+            handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                process.start()
+            finally:
+                signal.signal(signal.SIGINT, handler)
             theirs.close()
             self.pipes.append(ours)
             self.processes.append(process)
@@ -176,10 +192,15 @@ class WorkerPool:
             os.setpriority(os.PRIO_PROCESS, pid, nice)
         return max(os.getpriority(os.PRIO_PROCESS, pid) for pid in pids)
 
-    def close(self) -> None:
-        for pipe in self.pipes:
-            with contextlib.suppress(OSError, BrokenPipeError):
-                pipe.send(None)
+    def close(self, *, at_once: bool = False) -> None:
+        """Tell each worker to stop and wait for it; ``at_once`` (the run failed or
+        was interrupted): SIGTERM them instead of waiting for their round to end."""
+        for pipe, process in zip(self.pipes, self.processes, strict=True):
+            if at_once:
+                process.terminate()
+            else:
+                with contextlib.suppress(OSError, BrokenPipeError):
+                    pipe.send(None)
         for process in self.processes:
             join_worker(process, 10.0)
         for pipe in self.pipes:

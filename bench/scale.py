@@ -34,6 +34,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from fscache.bench import run_main
+
 SCALE_JSON = "scale.json"
 SCALE_PNG = "scale.png"
 MIB = 1024 * 1024
@@ -210,4 +212,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

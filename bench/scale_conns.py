@@ -61,6 +61,7 @@ import trio
 
 import fscache
 from fscache import protocol as p
+from fscache.bench import run_main
 from fscache.bench.harness import ServerProcess, free_port, process_cpu_seconds, rss_bytes
 from fscache.bench.procs import WorkerPool, stop_command
 from fscache.cli import parse_serving_line
@@ -108,9 +109,14 @@ def start_server(
         popen = subprocess.Popen(
             _serve_argv(root, port, term, max_connections),
             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+            start_new_session=True,  # a Ctrl-C at the terminal is ours to handle
         )  # fmt: skip
     assert popen.stdout is not None
-    line = popen.stdout.readline()
+    try:
+        line = popen.stdout.readline()
+    except BaseException:  # interrupted before the caller holds the server
+        stop_command(popen, 5.0)
+        raise
     address = parse_serving_line(line)
     if address is None:
         stop_command(popen, 5.0)
@@ -597,4 +603,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -55,6 +55,7 @@ from typing import Any
 import trio
 
 import fscache
+from fscache.bench import run_main
 from fscache.bench.harness import ServerProcess, process_cpu_seconds, rss_bytes, spawn
 from fscache.bench.procs import WorkerPool
 from fscache.cli import parse_serving_line
@@ -474,7 +475,7 @@ def _main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(run_main(_main, sys.argv[1:]))
 
 
 __all__ = [

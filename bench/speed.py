@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from fscache.bench import run_main
 from fscache.bench.frames import FrameConnection
 from fscache.bench.harness import ServerProcess, echo_server, fscache_server
 from fscache.bench.procs import WorkerPool
@@ -405,4 +406,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

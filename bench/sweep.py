@@ -73,6 +73,7 @@ def run_benchmark(cfg: Config, out_dir: str, *, progress: bool = True) -> dict[s
     pool: WorkerPool | None = None
     runs: list[dict[str, Any]] = []
     started = time.monotonic()
+    failed = True  # until the last run is done: then the workers finish their round
     try:
         pool = WorkerPool(worker_main, cfg.processes, name="bench-worker")
         bar.show("calibration", "round trips", 0.0)
@@ -82,10 +83,11 @@ def run_benchmark(cfg: Config, out_dir: str, *, progress: bool = True) -> dict[s
         for i, (system, term, planned_s) in enumerate(planned):
             runs.append(execute_run(i, system, term, cfg, plans, pool, workdir, bar, costs, rates))
             bar.finish_run(planned_s)
+        failed = False
     finally:
         bar.close()
         if pool is not None:
-            pool.close()
+            pool.close(at_once=failed)
         shutil.rmtree(workdir, ignore_errors=True)
     results: dict[str, Any] = {
         "title": " (--quick)" if cfg.quick else "",

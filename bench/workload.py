@@ -27,7 +27,7 @@ import dataclasses
 import os
 import sys
 
-from fscache.bench import missing_extra
+from fscache.bench import missing_extra, run_main
 from fscache.bench.workload_config import Config
 
 
@@ -113,4 +113,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_main(main, sys.argv[1:]))

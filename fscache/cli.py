@@ -231,16 +231,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    if args.command == "bench":
-        from fscache.bench.workload import main as bench_main
-
-        return bench_main(rest)
-    if rest:
+    if args.command != "bench" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "serve":
         args = _serve_options(parser, argv, args)
     try:
         try:
+            if args.command == "bench":
+                from fscache.bench.workload import main as bench_main
+
+                return bench_main(rest)
             return _COMMANDS[args.command](args)
         except BaseExceptionGroup as group:  # trio groups what a nursery raised
             leaf = _single_leaf(group)
@@ -256,7 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FscacheError as exc:
         print(f"fscache: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: the children are stopped on the way out
+        print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `fscache stats ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +26,12 @@ import pytest
 from fscache import cli
 from fscache.bench import model, plots, speed, sweep, workload, workload_config
 from fscache.bench.driver import (
-    ClientPlan,
     RunSpec,
     decode_value,
     encode_value,
     schedule,
 )
+from fscache.bench.workload_config import ClientPlan
 
 REQUIRED_RUN_KEYS = {
     "system", "term", "server_consistency_msgs_per_s", "model_consistency_msgs_per_s",
@@ -216,6 +219,53 @@ def test_the_locks_benchmark_without_etcd3gw_says_how_to_get_it() -> None:
     assert "Traceback" not in result.stderr
     assert "etcd3gw is not installed" in result.stderr
     assert "pip install 'fscache[bench]'" in result.stderr
+
+
+def leftovers(pgid: int, marker: str) -> list[str]:
+    """Processes still in process group ``pgid``, or with ``marker`` on their command line."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rpartition(")")[2].split()
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # it ended meanwhile
+            continue
+        if stat[0] != "Z" and (int(stat[2]) == pgid or marker in argv):
+            found.append(f"{entry.name}: {argv}")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("command", "wait"),
+    [("fscache", 0.5), ("fscache", 2.5), ("fscache.bench.workload", 2.5)],
+    ids=["fscache bench, starting", "fscache bench, running", "python -m"],
+)
+def test_ctrl_c_stops_the_benchmark_and_all_its_children(
+    tmp_path: Path, command: str, wait: float
+) -> None:
+    """SIGINT to the benchmark's process group, as a Ctrl-C at the terminal sends it:
+    one line, exit 130, no traceback (the workers ignore it), no server left."""
+    temp = tmp_path / "temp"  # the servers' roots are made here: their command lines say so
+    temp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", command, *(["bench"] if command == "fscache" else []),
+         "--quick", "--no-progress",
+         "--out", str(tmp_path / "out")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, env={**os.environ, "TMPDIR": str(temp)},
+    )  # fmt: skip
+    time.sleep(wait)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.splitlines()[-1] == "interrupted", err
+    deadline = time.monotonic() + 10  # the workers' sentinel may lag the parent's exit
+    while (left := leftovers(proc.pid, str(temp))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == []
 
 
 def test_values_round_trip_through_file_contents() -> None:
