@@ -201,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     certs.add_argument(
         "--client", action="append", dest="clients", default=[], metavar="NAME",
+        type=_client_name,
         help="add a client bundle DIR/clients/NAME signed by the CA (repeatable)",
     )  # fmt: skip
     certs.add_argument("--force", action="store_true", help="overwrite existing files")
@@ -308,6 +309,16 @@ def _address(text: str) -> str:
     except FscacheError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _client_name(text: str) -> str:
+    """A ``certs --client`` name, checked (a bad one is bad usage)."""
+    from fscache.tls import check_client_name
+
+    try:
+        return check_client_name(text)
+    except FscacheError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _shown(host: str) -> str:

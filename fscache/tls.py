@@ -241,6 +241,18 @@ def make_certs(
     for name in clients:
         check_client_name(name)
     root = pathlib.Path(directory)
+    if root.exists() and not root.is_dir():
+        raise FscacheError(f"cannot make certificates in {root}: it is not a directory")
+    try:
+        return _make_certs(root, hosts, clients, days, overwrite)
+    except OSError as exc:  # a file where a directory goes, no permission, a full disk
+        where = exc.filename or root
+        raise FscacheError(f"cannot make certificates in {root}: {where}: {exc.strerror}") from None
+
+
+def _make_certs(
+    root: pathlib.Path, hosts: Sequence[str], clients: Sequence[str], days: int, overwrite: bool
+) -> list[pathlib.Path]:
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca_dir = root / CA_DIR
     written: list[pathlib.Path] = []

@@ -337,6 +337,27 @@ def test_certs_command_makes_usable_certificates(tmp_path):
     assert again.returncode == 1 and "overwrite" in again.stderr.decode()
 
 
+def test_certs_into_a_file_is_one_clear_line(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("not a directory")
+    for where in (taken, tmp_path / "tls"):
+        if where != taken:
+            where.mkdir()
+            (where / "ca").write_text("a file where the CA's directory goes")
+        result = fscache_command("certs", str(where), "--client", "a")
+        err = result.stderr.decode()
+        assert result.returncode == 1 and "cannot make certificates in" in err, err
+        assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("name", ["bad/name", "..", "anonymous", ""])
+def test_certs_for_a_bad_client_name_is_bad_usage(tmp_path, name):
+    result = fscache_command("certs", str(tmp_path / "tls"), "--client", name)
+    assert result.returncode == 2
+    assert "fscache certs: error: argument --client: client name" in result.stderr.decode()
+    assert not (tmp_path / "tls").exists()  # refused before anything was made
+
+
 def test_blocking_client_from_many_threads(served):
     with fscache.connect(served) as c:
         c.write("t", b"x")
