@@ -21,12 +21,10 @@ import trio
 
 from fscache.bench import procs
 from fscache.bench.demo_console import Console
+from fscache.bench.demo_options import CRASH_CLIENTS, CRASH_TERM, check_crash
 from fscache.bench.demo_reader import Abort
 from fscache.bench.demo_script import CrashDemo, Interrupted, Tolerances
 from fscache.errors import FscacheError
-
-MIN_TERM = 0.5  # leases must outlive the demo's own steps (start a write, kill a reader)
-MAX_CLIENTS = 32
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -111,22 +109,15 @@ def _play(demo: CrashDemo, root: str) -> int | None:
 
 def run_crash_demo(
     *,
-    term: float = 3.0,
+    term: float = CRASH_TERM,
     skew: float = 0.1,
-    clients: int = 3,
+    clients: int = CRASH_CLIENTS,
     out: TextIO | None = None,
     tolerances: Tolerances | None = None,
 ) -> int:
     """Run the crash demonstration; 0 if everything behaved as the lease rules say
     (measured times within ``tolerances`` of the rules' instants)."""
-    if clients < 2:
-        raise FscacheError("--clients must be at least 2 (one to kill, one to approve)")
-    if clients > MAX_CLIENTS:
-        raise FscacheError(f"--clients must be at most {MAX_CLIENTS}")
-    if term < MIN_TERM:
-        raise FscacheError(f"--term must be at least {MIN_TERM:g} s for the demo")
-    if not 0 <= skew < term:
-        raise FscacheError("--skew must be at least 0 and less than --term")
+    check_crash(term=term, skew=skew, clients=clients)
     console = Console(time.monotonic(), out or sys.stdout)
     title = (
         f"fscache crash demo: {clients} reader processes, lease term {term:g} s, skew {skew:g} s"

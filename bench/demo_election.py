@@ -30,14 +30,12 @@ import fscache
 from fscache.bench import procs
 from fscache.bench.demo import play
 from fscache.bench.demo_console import Console
+from fscache.bench.demo_options import ELECTION_CANDIDATES, ELECTION_TTL, check_election
 from fscache.bench.demo_reader import STEP_TIMEOUT, Abort, Reader
 from fscache.bench.demo_script import START_TIMEOUT, CrashDemo, Tolerances
-from fscache.errors import FscacheError
 
 ELECTION = "demo/leader"
 HEARTBEAT = "demo/heartbeat"
-MIN_TTL = 0.5  # the leader must renew at least once before the kill
-MAX_CANDIDATES = 16
 
 
 class ElectionDemo(CrashDemo):
@@ -292,19 +290,14 @@ def _ms(seconds: float) -> str:
 
 def run_election_demo(
     *,
-    ttl: float = 2.0,
+    ttl: float = ELECTION_TTL,
     skew: float = 0.1,
-    candidates: int = 3,
+    candidates: int = ELECTION_CANDIDATES,
     out: TextIO | None = None,
     tolerances: Tolerances | None = None,
 ) -> int:
     """Run the election demonstration; 0 if every check passed."""
-    if not 2 <= candidates <= MAX_CANDIDATES:
-        raise FscacheError(f"--candidates must be from 2 to {MAX_CANDIDATES}")
-    if ttl < MIN_TTL:
-        raise FscacheError(f"--ttl must be at least {MIN_TTL:g} s for the demo")
-    if not 0 <= skew < ttl / 2:
-        raise FscacheError("--skew must be at least 0 and less than half of --ttl")
+    check_election(ttl=ttl, skew=skew, candidates=candidates)
     console = Console(time.monotonic(), out or sys.stdout, who_width=len("candidate 10"))
     title = (
         f"fscache election demo: {candidates} candidate processes, lock ttl {ttl:g} s,"

@@ -100,7 +100,7 @@ from fscache.settings import (
     check_duration,
     check_extent,
 )
-from fscache.tls import is_auth_failure
+from fscache.tls import CredentialsRefused, is_auth_failure
 
 log = logging.getLogger("fscache.client")
 
@@ -202,9 +202,9 @@ TRANSPORT_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 class _TransportErrors:
     """``with _TransportErrors(client, doing):`` -- the one place where the transport's
     errors (trio's broken or closed stream, the socket's OSError) become fscache's:
-    :class:`Unauthorized` when TLS refused a certificate (or, with ``tls_handshake``,
-    when a TLS peer closed during our handshake: it refused our certificate), else
-    :class:`Unavailable`."""
+    :class:`~fscache.tls.CredentialsRefused` (an :class:`Unauthorized`) when TLS
+    refused a certificate (or, with ``tls_handshake``, when a TLS peer closed during
+    our handshake: it refused our certificate), else :class:`Unavailable`."""
 
     __slots__ = ("client", "doing", "tls_handshake")
 
@@ -222,9 +222,11 @@ class _TransportErrors:
         if isinstance(exc, TRANSPORT_ERRORS):
             client = self.client
             if is_auth_failure(exc):
-                raise Unauthorized(f"TLS with {client.address} failed: {_ssl_reason(exc)}") from exc
+                raise CredentialsRefused(
+                    f"TLS with {client.address} failed: {_ssl_reason(exc)}"
+                ) from exc
             if self.tls_handshake:
-                raise Unauthorized(
+                raise CredentialsRefused(
                     f"{client.address} closed the TLS connection during the handshake; "
                     "it probably refused our client certificate"
                 ) from exc

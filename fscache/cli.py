@@ -2,8 +2,9 @@
 demo, bench. ``read`` and ``write`` stream chunk by chunk: memory stays bounded
 whatever the file's size.
 
-Exit codes: 0 success, 1 an fscache error (not found, bad path, conflict, ...),
-2 bad usage, 3 the server cannot be reached, 4 refused credentials (TLS).
+Exit codes: 0 success, 1 an fscache error (not found, bad path, conflict, not
+allowed by the access rules, ...), 2 bad usage, 3 the server cannot be reached, 4
+credentials refused by TLS (ours by the server, or the server's by us).
 """
 
 from __future__ import annotations
@@ -86,7 +87,32 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _seconds_from(least: float) -> Callable[[str], float]:
+    """A duration of at least ``least`` seconds (a demo's term or ttl)."""
+
+    def seconds(text: str) -> float:
+        value = _seconds(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least:g} seconds: {text!r}")
+        return value
+
+    return seconds
+
+
+def _whole_from(least: int, most: int) -> Callable[[str], int]:
+    """A whole number from ``least`` to ``most`` (a demo's process count)."""
+
+    def whole(text: str) -> int:
+        if not text.isdigit() or not least <= int(text) <= most:
+            raise argparse.ArgumentTypeError(f"must be from {least} to {most}: {text!r}")
+        return int(text)
+
+    return whole
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from fscache.bench import demo_options as d  # light: the demos' ranges and defaults
+
     parser = argparse.ArgumentParser(
         prog="fscache",
         description="A file service with lease-based cache consistency (Gray & Cheriton 1989).",
@@ -209,13 +235,33 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="demonstrations")
     demo_sub = demo.add_subparsers(dest="demo", required=True, metavar="DEMO")
     crash = demo_sub.add_parser("crash", help="kill a lease holder; watch the writer proceed")
-    crash.add_argument("--term", type=_seconds, default=3.0, help="lease term, seconds")
-    crash.add_argument("--skew", type=_seconds, default=DEFAULT_SKEW, help="skew allowance, s")
-    crash.add_argument("--clients", type=_count, default=3, help="reader processes (>= 2)")
+    crash.add_argument(
+        "--term", type=_seconds_from(d.MIN_TERM), default=d.CRASH_TERM,
+        help=f"lease term, seconds, at least {d.MIN_TERM:g} (default %(default)s)",
+    )  # fmt: skip
+    crash.add_argument(
+        "--skew", type=_seconds, default=DEFAULT_SKEW,
+        help="skew allowance, seconds, less than --term (default %(default)s)",
+    )  # fmt: skip
+    crash.add_argument(
+        "--clients", type=_whole_from(d.MIN_CLIENTS, d.MAX_CLIENTS), default=d.CRASH_CLIENTS,
+        help=f"reader processes, {d.MIN_CLIENTS}..{d.MAX_CLIENTS} (default %(default)s)",
+    )  # fmt: skip
     election = demo_sub.add_parser("election", help="kill the leader; watch the hand-over")
-    election.add_argument("--ttl", type=_seconds, default=2.0, help="leadership lock ttl, s")
-    election.add_argument("--skew", type=_seconds, default=DEFAULT_SKEW, help="skew allowance, s")
-    election.add_argument("--candidates", type=_count, default=3, help="candidate processes")
+    election.add_argument(
+        "--ttl", type=_seconds_from(d.MIN_TTL), default=d.ELECTION_TTL,
+        help=f"leadership lock ttl, seconds, at least {d.MIN_TTL:g} (default %(default)s)",
+    )  # fmt: skip
+    election.add_argument(
+        "--skew", type=_seconds, default=DEFAULT_SKEW,
+        help="skew allowance, seconds, less than half of --ttl (default %(default)s)",
+    )  # fmt: skip
+    election.add_argument(
+        "--candidates", type=_whole_from(d.MIN_CANDIDATES, d.MAX_CANDIDATES),
+        default=d.ELECTION_CANDIDATES,
+        help=f"candidate processes, {d.MIN_CANDIDATES}..{d.MAX_CANDIDATES}"
+        " (default %(default)s)",
+    )  # fmt: skip
 
     # The benchmark parses its own options (--quick, --out ...): main hands them over.
     sub.add_parser(
@@ -236,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "serve":
         args = _serve_options(parser, argv, args)
+    if args.command == "demo":
+        _demo_options(parser, args)
     try:
         try:
             if args.command == "bench":
@@ -251,10 +299,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Unavailable as exc:
         print(f"fscache: unavailable: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
-    except Unauthorized as exc:
-        print(f"fscache: unauthorized: {exc}", file=sys.stderr)
-        return EXIT_UNAUTHORIZED
     except FscacheError as exc:
+        if _credentials_refused(exc):
+            print(f"fscache: unauthorized: {exc}", file=sys.stderr)
+            return EXIT_UNAUTHORIZED
         print(f"fscache: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:  # Ctrl-C: the children are stopped on the way out
@@ -263,6 +311,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `fscache stats ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def _credentials_refused(exc: FscacheError) -> bool:
+    """Whether TLS refused a certificate (exit 4), not the access rules a request
+    (an Unauthorized with accepted credentials: exit 1, as any fscache error)."""
+    if not isinstance(exc, Unauthorized):
+        return False
+    from fscache.tls import CredentialsRefused  # loaded already by any client command
+
+    return isinstance(exc, CredentialsRefused)
 
 
 def parse_serving_line(line: str) -> tuple[str, int] | None:
@@ -512,12 +570,26 @@ def _certs(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     if args.demo == "election":
-        from fscache.bench.demo_election import run_election_demo  # it checks the options
+        from fscache.bench.demo_election import run_election_demo
 
         return run_election_demo(ttl=args.ttl, skew=args.skew, candidates=args.candidates)
-    from fscache.bench.demo import run_crash_demo  # it checks the options itself
+    from fscache.bench.demo import run_crash_demo
 
     return run_crash_demo(term=args.term, skew=args.skew, clients=args.clients)
+
+
+def _demo_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The options each in its range were checked while parsing; here, together
+    (the skew against the term): out of range is bad usage, before the demo starts."""
+    from fscache.bench.demo_options import check_crash, check_election
+
+    try:
+        if args.demo == "election":
+            check_election(ttl=args.ttl, skew=args.skew, candidates=args.candidates)
+        else:
+            check_crash(term=args.term, skew=args.skew, clients=args.clients)
+    except BadSetting as exc:
+        _subcommand(_subcommand(parser, "demo"), args.demo).error(str(exc))
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fscache.access import ANONYMOUS
-from fscache.errors import FscacheError
+from fscache.errors import FscacheError, Unauthorized
 
 CA_DIR = "ca"
 SERVER_DIR = "server"
@@ -366,6 +366,14 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         seen.add(id(cur))
         yield cur
         todo += [e for e in (cur.__cause__, cur.__context__) if e is not None]
+
+
+class CredentialsRefused(Unauthorized):
+    """TLS refused a certificate during the handshake: the server refused ours, or we
+    refused the server's. An :class:`Unauthorized` of its own, because a refused
+    certificate is fixed where the bundles are made, while a request that the access
+    rules refuse (a plain Unauthorized, with credentials that were accepted) is fixed
+    in the rules: the command line exits 4 for this one and 1 for that one."""
 
 
 def is_auth_failure(exc: BaseException) -> bool:

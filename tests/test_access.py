@@ -289,6 +289,45 @@ def test_sighup_reloads_the_rules_and_keeps_connections(
         proc.communicate()
 
 
+def test_the_command_line_tells_a_refused_request_from_a_refused_certificate(
+    root: pathlib.Path, tmp_path: pathlib.Path, tls: pathlib.Path
+) -> None:
+    """Exit 1 for what the access rules refuse (the certificate was accepted), 4 for a
+    certificate TLS refused."""
+    access = tmp_path / "access.toml"
+    access.write_text(RULES)
+    make_certs(tmp_path / "strangers", clients=["writer"])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0",
+         "--tls", str(tls / "server"), "--access", str(access)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        address = parse_serving_line(proc.stdout.readline())
+        assert address is not None
+        where = f"{address[0]}:{address[1]}"
+
+        def write(bundle: pathlib.Path) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "fscache", "write", where, "docs/a", "-",
+                 "--tls", str(bundle)],
+                input="x", capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+
+        assert write(tls / "clients" / "writer").returncode == 0
+        refused = write(tls / "clients" / "reader")
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr.startswith("fscache: Unauthorized: ")
+        assert "'reader' may not write 'docs/a'" in refused.stderr
+        stranger = write(tmp_path / "strangers" / "clients" / "writer")
+        assert stranger.returncode == 4, stranger.stderr
+        assert stranger.stderr.startswith("fscache: unauthorized: ")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
 async def test_an_upload_is_checked_again_at_commit(
     nursery: Any, root: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:

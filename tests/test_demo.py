@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from fscache import cli
 from fscache.bench import demo
 from fscache.bench.demo_script import Tolerances
 
@@ -77,9 +78,43 @@ def test_crash_demo_refuses_a_single_client() -> None:
         timeout=TIMEOUT,
         env={**os.environ, "NO_COLOR": "1"},
     )
-    assert result.returncode == 1
-    assert "--clients must be at least 2" in result.stderr
+    assert result.returncode == 2
+    assert "fscache demo crash: error: argument --clients: must be from 2 to 32" in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["crash", "--clients", "300"], "argument --clients: must be from 2 to 32: '300'"),
+        (["crash", "--term", "0"], "argument --term: must be at least 0.5 seconds: '0'"),
+        (["crash", "--skew", "3"], "--skew must be at least 0 and less than --term"),
+        (["election", "--candidates", "1"], "argument --candidates: must be from 2 to 16"),
+        (["election", "--ttl", "0"], "argument --ttl: must be at least 0.5 seconds: '0'"),
+    ],
+)
+def test_demo_options_out_of_range_are_bad_usage(
+    args: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["demo", *args])
+    assert exit_.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith(f"fscache demo {args[0]}: error: ") and error in last, last
+
+
+@pytest.mark.parametrize(
+    ("demo", "shown"),
+    [("crash", ["at least 0.5 (default 3.0)", "2..32 (default 3)"]),
+     ("election", ["at least 0.5 (default", "2..16 (default 3)"])],
+)  # fmt: skip
+def test_demo_help_shows_the_ranges_and_defaults(demo: str, shown: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "fscache", "demo", demo, "--help"],
+        capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    text = " ".join(result.stdout.split())
+    assert result.returncode == 0 and all(s in text for s in shown), text
 
 
 def test_a_write_that_lands_before_the_lease_ran_out_fails_the_demo() -> None:

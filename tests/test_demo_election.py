@@ -76,5 +76,7 @@ def test_the_new_leader_keeps_the_leadership_it_was_elected_with(
 
 
 def test_the_election_demo_refuses_a_single_candidate(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["demo", "election", "--candidates", "1"]) == 1
+    with pytest.raises(SystemExit) as exit_:  # bad usage, before any process starts
+        cli.main(["demo", "election", "--candidates", "1"])
+    assert exit_.value.code == 2
     assert "--candidates" in capsys.readouterr().err
