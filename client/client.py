@@ -204,14 +204,29 @@ class _TransportErrors:
     errors (trio's broken or closed stream, the socket's OSError) become fscache's:
     :class:`~fscache.tls.CredentialsRefused` (an :class:`Unauthorized`) when TLS
     refused a certificate (or, with ``tls_handshake``, when a TLS peer closed during
-    our handshake: it refused our certificate), else :class:`Unavailable`."""
+    our handshake: it refused our certificate), else :class:`Unavailable`.
 
-    __slots__ = ("client", "doing", "tls_handshake")
+    While a connection is being set up (``starting``) a mismatch is named, since
+    neither end can say it: TLS that fails for a reason other than a certificate
+    (a plain server answers a TLS hello with no TLS record), and ``plain_hint``'s
+    words when a plain connection is closed (a TLS server drops a plain hello)."""
 
-    def __init__(self, client: Client, doing: str, *, tls_handshake: bool = False) -> None:
+    __slots__ = ("client", "doing", "plain_hint", "starting", "tls_handshake")
+
+    def __init__(
+        self,
+        client: Client,
+        doing: str,
+        *,
+        tls_handshake: bool = False,
+        starting: bool = False,
+        plain_hint: str | None = None,
+    ) -> None:
         self.client = client
         self.doing = doing
         self.tls_handshake = tls_handshake
+        self.starting = starting
+        self.plain_hint = plain_hint
 
     def __enter__(self) -> None:
         return None
@@ -231,7 +246,25 @@ class _TransportErrors:
                     "it probably refused our client certificate"
                 ) from exc
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise client._unavailable(f"{self.doing}: {reason or 'connection broken'}") from exc
+            reason = reason or "connection broken"
+            if self.starting and _ssl_failed(exc):
+                reason = (
+                    f"TLS handshake failed ({_ssl_reason(exc)});"
+                    " the server may not speak TLS (is it serving without --tls?)"
+                )
+            elif self.plain_hint is not None:
+                reason = f"{reason}; {self.plain_hint}"
+            raise client._unavailable(f"{self.doing}: {reason}") from exc
+
+
+def _ssl_failed(exc: BaseException) -> bool:
+    """Whether an SSL error is in ``exc``'s cause chain: TLS itself failed."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class _Link:
@@ -1418,15 +1451,19 @@ class Client:
         self, welcome_timeout: float = CONNECT_TIMEOUT
     ) -> tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]:
         try:
-            with trio.fail_after(CONNECT_TIMEOUT), _TransportErrors(self, "cannot connect"):
+            connecting = _TransportErrors(self, "cannot connect", starting=True)
+            with trio.fail_after(CONNECT_TIMEOUT), connecting:
                 stream = await self._opener()
         except trio.TooSlowError:
             raise self._unavailable("timed out connecting") from None
         decoder = p.FrameDecoder(DEFAULT_MAX_FRAME)
+        tls = isinstance(stream, trio.SSLStream)
         handshake = _TransportErrors(
             self,
             "connection closed during the handshake",
-            tls_handshake=isinstance(stream, trio.SSLStream),
+            tls_handshake=tls,
+            starting=True,
+            plain_hint=None if tls else "the server may expect TLS (--tls)",
         )
         try:
             with trio.fail_after(welcome_timeout), handshake:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 from typing import Any
 
 EVENTS = logging.getLogger("fscache.events")
@@ -25,6 +26,41 @@ def event(name: str, message: str, /, *args: object, **fields: Any) -> None:
     """Log event ``name``: ``message % args`` for people, ``fields`` for machines."""
     if EVENTS.isEnabledFor(logging.INFO):
         EVENTS.info(message, *args, extra={"event": name, "fields": fields})
+
+
+def loud_event(
+    throttle: Throttle, now: float, name: str, message: str, /, *args: object, **fields: Any
+) -> None:
+    """Like :func:`event`, but one an operator should see without ``-v``: at WARNING,
+    which the text log shows, for the first and then at most one per ``throttle``'s
+    interval (a peer that keeps trying cannot flood the log). The ones between stay
+    INFO events (JSON and ``-v`` have every one); the next loud one counts them."""
+    quiet = throttle.loud(now)
+    if quiet is None:
+        event(name, message, *args, **fields)
+        return
+    if quiet:
+        message += f" (and {quiet} more since the last one of these)"
+    EVENTS.warning(message, *args, extra={"event": name, "fields": fields})
+
+
+class Throttle:
+    """Which records of one kind are loud: the first, then at most one each
+    ``interval`` seconds of the caller's clock; it counts the quiet ones between."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self._next = -math.inf  # the earliest time of the next loud one
+        self._quiet = 0
+
+    def loud(self, now: float) -> int | None:
+        """None if this record is quiet; else how many were quiet since the last loud one."""
+        if now < self._next:
+            self._quiet += 1
+            return None
+        self._next = now + self.interval
+        quiet, self._quiet = self._quiet, 0
+        return quiet
 
 
 def wall_time(seconds: float) -> str:
@@ -54,7 +90,8 @@ class JsonFormatter(logging.Formatter):
 def configure(log_format: str, verbose: int) -> None:
     """Set the serve command's log: ``log_format`` (text or json) on every handler of
     the root logger; fscache's INFO records, and its DEBUG ones with ``-v``. In text
-    the events are quiet unless ``-v``, as the connections' lines always were."""
+    the events are quiet unless ``-v``, as the connections' lines always were, but
+    for the few an operator must see (:func:`loud_event`: a refused TLS handshake)."""
     formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
     for handler in logging.getLogger().handlers:
         handler.setFormatter(formatter)

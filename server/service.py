@@ -117,7 +117,7 @@ from fscache.paths import normalize, normalize_key
 from fscache.server.ephemeral import Nowhere, Ties
 from fscache.server.latency import Latencies
 from fscache.server.locks import LockService
-from fscache.server.logs import EVENTS, event, wall_time
+from fscache.server.logs import EVENTS, Throttle, event, loud_event, wall_time
 from fscache.server.store import Facts, Store, Upload
 from fscache.sessions import Attached, SessionTable, default_ttl
 from fscache.settings import (
@@ -589,6 +589,7 @@ class FileService:
         self._timer_wake = trio.Event()
         self._timer_at = math.inf
         self.counters = Counters()
+        self._tls_refusals = Throttle()  # their log lines: at most one a second
         self.latency = Latencies()  # fscache.server.latency
         self.access = None if settings.access_file is None else load_access(settings.access_file)
         self.ephemeral = Ties(self.store)  # files tied to sessions (fscache.ephemeral)
@@ -846,7 +847,8 @@ class FileService:
                 if not isinstance(refused, ssl.SSLError):
                     raise
                 reason = refused.reason or str(refused)  # e.g. CERTIFICATE_VERIFY_FAILED
-                event(
+                loud_event(  # a client with the wrong bundle, or none: the operator's to fix
+                    self._tls_refusals, trio.current_time(),
                     "tls_refused", "%s: TLS handshake failed: %s", peer, reason,
                     peer=peer, reason=reason,
                 )  # fmt: skip

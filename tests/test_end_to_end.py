@@ -139,7 +139,7 @@ async def test_mutual_tls_admits_our_clients_and_refuses_strangers(nursery, root
             "127.0.0.1", server.port, ssl_context=client_context(strangers / "clients" / "c")
         ) as c:
             await c.read("secret")
-    with pytest.raises(fscache.Unavailable):  # plain TCP to a TLS server
+    with pytest.raises(fscache.Unavailable, match=r"the server may expect TLS \(--tls\)"):
         async with fscache.open_client("127.0.0.1", server.port) as c:
             await c.read("secret")
 
@@ -155,6 +155,14 @@ async def test_mutual_tls_admits_our_clients_and_refuses_strangers(nursery, root
         reasons = await refusals()
     assert reasons[0]  # the stranger hung up (trio sends no alert first): an EOF, or its alert
     assert reasons[1] == "WRONG_VERSION_NUMBER"  # a plain hello is no TLS record
+
+
+async def test_a_tls_client_of_a_plain_server_is_told_it_may_not_speak_tls(server, tmp_path):
+    make_certs(tmp_path / "tls", clients=["c"])
+    ctx = client_context(tmp_path / "tls" / "clients" / "c")
+    with pytest.raises(fscache.Unavailable, match="the server may not speak TLS"):
+        async with fscache.open_client("127.0.0.1", server.port, ssl_context=ctx):
+            pass
 
 
 # ---------------------------------------------------------------- the command line

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +23,8 @@ import pytest
 import trio
 
 import fscache
-from fscache.server.logs import EVENTS, JsonFormatter, event
+from fscache.server.logs import EVENTS, JsonFormatter, Throttle, event
+from fscache.tls import make_certs
 
 from .harness import Cluster
 from .test_metrics import serve_process
@@ -216,3 +218,35 @@ async def test_the_waited_out_lease_is_logged_with_the_exact_wait(
     assert expired[0]["path"] == "f"
     assert expired[0]["holder"] == delayed[0]["asked"][0]
     assert expired[0]["waited_s"] == round(applied - arrived, 3) == 8.1
+
+
+def test_a_refused_tls_handshake_is_one_text_warning_a_second(root: Path, tmp_path: Path) -> None:
+    """The default text log keeps events quiet, but for a refused TLS handshake: the
+    operator's to fix. A peer retrying at once makes no more lines; the next line
+    counts them."""
+    make_certs(tmp_path / "tls")
+    log_path = tmp_path / "text.log"
+    args = ("--root", str(root), "--port", "0", "--tls", str(tmp_path / "tls" / "server"))
+
+    def plain_hello(port: int) -> None:  # no TLS record: the server's handshake fails
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"not a TLS hello\n")
+            while sock.recv(4096):
+                pass
+
+    with log_path.open("w") as log_file, serve_process(*args, stderr=log_file) as server:
+        for _ in range(3):
+            plain_hello(server.port)
+        time.sleep(1.1)  # past the throttle's second
+        plain_hello(server.port)
+    refused = [line for line in log_path.read_text().splitlines() if "TLS handshake" in line]
+    assert len(refused) == 2, refused
+    assert all(" fscache.events WARNING " in line for line in refused)
+    assert refused[1].endswith("(and 2 more since the last one of these)")
+
+
+def test_the_throttle_lets_one_a_second_through_and_counts_the_rest() -> None:
+    throttle = Throttle(1.0)
+    assert [throttle.loud(t) for t in (10.0, 10.2, 10.9, 11.0, 11.5, 13.0)] == [
+        0, None, None, 2, None, 1,
+    ]  # fmt: skip
