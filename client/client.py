@@ -77,8 +77,6 @@ from fscache.client.watch import Change, watch
 from fscache.errors import (
     Conflict,
     FscacheError,
-    IsADirectory,
-    NotADirectory,
     ProtocolError,
     TooLarge,
     Unauthorized,
@@ -860,11 +858,8 @@ class Client:
     async def listdir(self, path: str = "") -> list[str]:
         """Sorted names in directory ``path``, directories with a trailing ``/``: the
         names of its :meth:`scandir` listing, so from the cache while the lease on the
-        listing holds (:class:`IsADirectory` for a file)."""
-        try:
-            entries = await self.scandir(path)
-        except NotADirectory as exc:  # IsADirectory for a file, as the server's listdir says
-            raise IsADirectory(str(exc)) from None
+        listing holds (:class:`NotADirectory` for a file, as :meth:`scandir` says)."""
+        entries = await self.scandir(path)
         return [e.name + "/" if e.is_dir else e.name for e in entries]
 
     def watch(self, path: str = "", *, initial: bool = False) -> AsyncIterator[Change]:

@@ -736,25 +736,19 @@ class Store:
     def listdir(self, path: str) -> list[str]:
         """Sorted names in the directory ``path`` (``""`` is the root); dirs end in
         ``/``: the names :meth:`scandir` shows, with no ``stat`` of any.
-        :class:`IsADirectory` for a file."""
-        try:
-            with self._listed(path) as (_, _, names, dirs):
-                return [name + "/" if name in dirs else name for name in names]
-        except NotADirectory:
-            raise IsADirectory(f"cannot list {path!r}: it is a file") from None
+        :class:`NotADirectory` for a file, as :meth:`scandir` says."""
+        with self._listed(path) as (_, _, names, dirs):
+            return [name + "/" if name in dirs else name for name in names]
 
     def list_page(self, path: str, after: str | None) -> tuple[list[str], bool]:
         """The page of :meth:`listdir`'s names after the name ``after`` (with or without
         its ``/``), as :func:`listing_page` cuts it, and whether names are left."""
         if after is not None:
             after = after.removesuffix("/")
-        try:
-            with self._listed(path) as (_, _, names, dirs):
-                start, stop = listing_page(names, after)
-                page = [name + "/" if name in dirs else name for name in names[start:stop]]
-                return page, stop < len(names)
-        except NotADirectory:
-            raise IsADirectory(f"cannot list {path!r}: it is a file") from None
+        with self._listed(path) as (_, _, names, dirs):
+            start, stop = listing_page(names, after)
+            page = [name + "/" if name in dirs else name for name in names[start:stop]]
+            return page, stop < len(names)
 
     # ------------------------------------------------------ confined operations
     # Each opens the parent directory beneath the root (no symlink on the way) and
@@ -978,9 +972,13 @@ class Store:
 
     def mkdir(self, path: str) -> int:
         """Make the directory ``path`` (its parent must exist), durably; return its
-        version. :class:`Exists` if anything is there already."""
+        version. :class:`Exists` if anything is there already, :class:`NotADirectory`
+        if a file is on the way."""
         full = self._prefix + path
-        with self._in_parent(path, "mkdir") as (dir_fd, name), self._locked(full):
+        with (
+            self._in_parent(path, "mkdir", of_directory=True) as (dir_fd, name),
+            self._locked(full),
+        ):
             try:
                 fd, version = self._mkdir_at(dir_fd, name, path)
             except OSError as exc:
@@ -992,7 +990,10 @@ class Store:
         """Remove the empty directory ``path``, durably. :class:`NotEmpty`,
         :class:`NotADirectory`, :class:`NotFound`."""
         full = self._prefix + path
-        with self._in_parent(path, "rmdir") as (dir_fd, name), self._locked(full):
+        with (
+            self._in_parent(path, "rmdir", of_directory=True) as (dir_fd, name),
+            self._locked(full),
+        ):
             st = _lstat_at(dir_fd, name, "rmdir", path)
             if st is None:
                 raise NotFound(f"cannot rmdir {path!r}: it does not exist")
@@ -1124,12 +1125,15 @@ class Store:
             fd = step
         return fd
 
-    def _open_parent(self, path: str, op: str, *, make: bool = False) -> tuple[int, str]:
+    def _open_parent(
+        self, path: str, op: str, *, make: bool = False, of_directory: bool = False
+    ) -> tuple[int, str]:
         """``(descriptor of the parent directory, last name)`` of ``path`` (see
         :meth:`_open_dir`): what every confined operation works on. :class:`BadPath`
         for the root or a reserved name, :class:`NotFound` if the parent is missing
         (with ``make``, missing directories are made, and a file on the way is
-        :class:`IsADirectory`)."""
+        :class:`IsADirectory`; for an operation ``of_directory``, mkdir and rmdir, a
+        file on the way is :class:`NotADirectory`, as ENOTDIR is for mkdir(2))."""
         _check_path(path, op)
         head, _, name = path.rpartition("/")
         try:
@@ -1140,6 +1144,10 @@ class Store:
                     raise
                 return self._make_dirs(head), name
         except NotADirectoryError:
+            if of_directory:
+                raise NotADirectory(
+                    f"cannot {op} {path!r}: one of its parent directories is a file"
+                ) from None
             if not make:
                 raise NotFound(f"cannot {op} {path!r}: it does not exist") from None
             raise IsADirectory(
@@ -1190,9 +1198,11 @@ class Store:
             os.close(dir_fd)
 
     @contextmanager
-    def _in_parent(self, path: str, op: str, *, make: bool = False) -> Iterator[tuple[int, str]]:
+    def _in_parent(
+        self, path: str, op: str, *, make: bool = False, of_directory: bool = False
+    ) -> Iterator[tuple[int, str]]:
         """:meth:`_open_parent`, closed on leaving."""
-        dir_fd, name = self._open_parent(path, op, make=make)
+        dir_fd, name = self._open_parent(path, op, make=make, of_directory=of_directory)
         try:
             yield dir_fd, name
         finally:

@@ -69,6 +69,17 @@ def test_mkdir_and_rmdir_refusals_are_one_clear_line(served):  # noqa: F811
     assert not_empty.returncode == 1 and b"NotEmpty" in not_empty.stderr
 
 
+def test_a_directory_operation_on_a_file_is_not_a_directory(served):  # noqa: F811
+    """``ls`` of a file, and ``mkdir`` or ``rmdir`` below one, say NotADirectory as
+    scandir does (docs/design.md's error table), never IsADirectory or NotFound."""
+    assert fscache_command("write", served, "a.txt", "-", stdin=b"a").returncode == 0
+    for args in (("ls", served, "a.txt"), ("mkdir", served, "a.txt/sub"),
+                 ("rmdir", served, "a.txt/sub"), ("rmdir", served, "a.txt")):  # fmt: skip
+        result = fscache_command(*args)
+        err = result.stderr.decode()
+        assert result.returncode == 1 and err.startswith("fscache: NotADirectory: "), (args, err)
+
+
 def test_write_of_a_big_file_makes_its_missing_directories(served, tmp_path):  # noqa: F811
     source = tmp_path / "big.bin"
     source.write_bytes(os.urandom(MIB) * 2 + b"tail")  # over one chunk: an upload

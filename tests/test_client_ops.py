@@ -433,7 +433,7 @@ async def test_listdir_is_cached_under_the_directorys_lease(cluster):
         assert await r.listdir("d") == ["sub/", "two", "zero"]
         await w.delete("d/two")
         assert await r.listdir("d") == ["sub/", "zero"]
-        with pytest.raises(fscache.IsADirectory, match="it is a file"):
+        with pytest.raises(fscache.NotADirectory, match="it is a file"):
             await r.listdir("d/zero")
         with pytest.raises(fscache.NotFound):
             await r.listdir("absent")

@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from fscache.errors import BadPath, Conflict, FscacheError, IsADirectory, NotFound, TooLarge
+from fscache.errors import (
+    BadPath,
+    Conflict,
+    FscacheError,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+    TooLarge,
+)
 from fscache.paths import RESERVED_PREFIX
 from fscache.server import store as store_mod
 from fscache.server.store import TEMP_PREFIX, Store
@@ -256,8 +264,8 @@ def test_is_a_directory(store: Store, root: Path) -> None:
         store.write("dir", b"y")
     with pytest.raises(IsADirectory):
         store.delete("dir")
-    with pytest.raises(IsADirectory):
-        store.listdir("dir/f")  # a file where a directory was expected
+    with pytest.raises(NotADirectory):
+        store.listdir("dir/f")  # a file where a directory was expected: as scandir says
     with pytest.raises(IsADirectory):
         store.write("dir/f/g", b"y")  # a parent is a file
     with pytest.raises(IsADirectory):
