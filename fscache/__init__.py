@@ -7,6 +7,7 @@ with fscache.connect("127.0.0.1:7710") as c:              # from ordinary code
     data = c.read("docs/a.txt")
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from fscache.cache import DirEntry
@@ -27,20 +28,24 @@ from fscache.errors import (
     Unauthorized,
     Unavailable,
 )
+from fscache.settings import BadSetting
 
 if TYPE_CHECKING:  # the real types for type checkers; imported lazily at run time
     from fscache.client.blocking import BlockingClient, connect
     from fscache.client.client import Client, StatResult, open_client
     from fscache.client.watch import Change
+    from fscache.tls import CredentialsRefused
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BadPath",
+    "BadSetting",
     "BlockingClient",
     "Change",
     "Client",
     "Conflict",
+    "CredentialsRefused",
     "DirEntry",
     "Exists",
     "FscacheError",
@@ -62,8 +67,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # The clients pull in trio; import them on first use so `fscache.errors` and the
-    # sans-IO core stay importable (and fast to import) without it.
+    # The clients pull in trio, and fscache.tls cryptography; import them on first use
+    # so `fscache.errors` and the sans-IO core stay importable (and fast to import)
+    # without them.
     if name in ("open_client", "Client", "StatResult"):
         from fscache.client import client
 
@@ -76,4 +82,8 @@ def __getattr__(name: str) -> Any:
         from fscache.client import blocking
 
         return getattr(blocking, name)
+    if name in ("tls", "CredentialsRefused"):  # cryptography: loaded when TLS is used
+        # (by import_module: `from fscache import tls` would ask this function again)
+        tls = importlib.import_module("fscache.tls")
+        return tls if name == "tls" else tls.CredentialsRefused
     raise AttributeError(f"module 'fscache' has no attribute {name!r}")

@@ -13,6 +13,8 @@ import pathlib
 import socket
 import ssl
 import stat
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -447,3 +449,22 @@ async def test_a_client_cannot_mint_a_certificate(tmp_path: pathlib.Path, certs:
             await server.done.wait()
     assert server.identities == []
     assert len(server.errors) == 1 and is_auth_failure(server.errors[0])
+
+
+def test_the_readmes_names_are_reachable_from_a_bare_import_fscache() -> None:
+    """``fscache.tls.client_context(...)`` and ``fscache.BadSetting`` work after only
+    ``import fscache`` (a fresh interpreter: nothing imported fscache.tls before),
+    and fscache.tls is loaded only when asked for."""
+    script = (
+        "import sys, fscache\n"
+        "assert 'fscache.tls' not in sys.modules\n"
+        "assert callable(fscache.tls.client_context) and callable(fscache.tls.make_certs)\n"
+        "assert issubclass(fscache.BadSetting, (fscache.FscacheError, ValueError))\n"
+        "assert issubclass(fscache.CredentialsRefused, fscache.Unauthorized)\n"
+        "assert set(fscache.__all__) <= set(dir(fscache)) | {'BlockingClient', 'Change',"
+        " 'Client', 'StatResult', 'connect', 'open_client', 'CredentialsRefused'}\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
