@@ -171,10 +171,30 @@ _RULE_KEYS = ("identity", "prefix", "access")
 _RULE_HEADER = r"\s*\[\[\s*rule\s*\]\]"
 
 
+_TABLE_HEADER = r"\s*\["  # any table's header: where a [[rule]] table's keys end
+
+
 def _line_of(text: str, pattern: str, nth: int = 0) -> str:
     """' (line N)' for the ``nth`` line matching ``pattern``, or '' if there is none."""
     found = [i for i, line in enumerate(text.splitlines(), 1) if re.match(pattern, line)]
     return f" (line {found[nth]})" if nth < len(found) else ""
+
+
+def _key_line(text: str, nth: int, key: str) -> str:
+    """' (line N)' for ``key``'s line in the ``nth`` ``[[rule]]`` table, or '' if it
+    cannot be found (a rule written inline). tomllib gives parsed values no positions,
+    so the text is searched: from the table's header to the next table's."""
+    lines = text.splitlines()
+    headers = [i for i, line in enumerate(lines) if re.match(_RULE_HEADER, line)]
+    if nth >= len(headers):
+        return ""
+    assignment = r"\s*[\"']?" + re.escape(key) + r"[\"']?\s*="
+    for i in range(headers[nth] + 1, len(lines)):
+        if re.match(_TABLE_HEADER, lines[i]):
+            break
+        if re.match(assignment, lines[i]):
+            return f" (line {i + 1})"
+    return ""
 
 
 def _level(value: object, where: str) -> Access:
@@ -204,23 +224,28 @@ def parse(text: str, source: str = "access file") -> AccessRules:
     seen: dict[tuple[str, str], int] = {}
     by_identity: dict[str, list[tuple[str, Access]]] = {}
     for i, entry in enumerate(entries):
+        # A rule's own faults point at its header, a value's at the value's line.
         where = f"{source}{_line_of(text, _RULE_HEADER, i)}: rule[{i}]"
+
+        def at(key: str, i: int = i) -> str:
+            return f"{source}{_key_line(text, i, key)}: rule[{i}]"
+
         for key in entry:
             if key not in _RULE_KEYS:
-                raise BadAccessFile(f"{where}: unknown key {key!r} (expected {_RULE_KEYS})")
+                raise BadAccessFile(f"{at(key)}: unknown key {key!r} (expected {_RULE_KEYS})")
         for key in _RULE_KEYS:
             if key not in entry:
                 raise BadAccessFile(f"{where}: missing key {key!r}")
         identity = entry["identity"]
         if not isinstance(identity, str) or not identity:
-            raise BadAccessFile(f"{where}.identity: must be a non-empty string")
+            raise BadAccessFile(f"{at('identity')}.identity: must be a non-empty string")
         if not isinstance(entry["prefix"], str):
-            raise BadAccessFile(f"{where}.prefix: must be a string")
+            raise BadAccessFile(f"{at('prefix')}.prefix: must be a string")
         try:
             prefix = normalize(entry["prefix"], allow_root=True)
         except BadPath as exc:
-            raise BadAccessFile(f"{where}.prefix: {exc}") from None
-        access = _level(entry["access"], f"{where}.access")
+            raise BadAccessFile(f"{at('prefix')}.prefix: {exc}") from None
+        access = _level(entry["access"], f"{at('access')}.access")
         first = seen.setdefault((identity, prefix), i)
         if first != i:
             raise BadAccessFile(
