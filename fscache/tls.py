@@ -329,7 +329,29 @@ def server_context(directory: str | os.PathLike[str]) -> ssl.SSLContext:
     a client certificate signed by the CA."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.verify_mode = ssl.CERT_REQUIRED
-    return _load(ctx, directory, SERVER_CERT, SERVER_KEY)
+    _load(ctx, directory, SERVER_CERT, SERVER_KEY)
+    _check_server_use(pathlib.Path(directory) / SERVER_CERT)
+    return ctx
+
+
+def _check_server_use(path: pathlib.Path) -> None:
+    """Refuse a certificate whose extended key usage leaves out serverAuth (a client's
+    bundle copied in as the server's): every client would refuse it, each handshake
+    failing far from the cause. A certificate with no such extension may serve any
+    use, and TLS clients accept it as a server's."""
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return
+    except (OSError, ValueError) as exc:
+        raise FscacheError(f"bad TLS material in {path} ({exc})") from exc
+    if ExtendedKeyUsageOID.SERVER_AUTH not in usage:
+        raise FscacheError(
+            f"{path} is not a server certificate (its extended key usage has no"
+            " serverAuth; a client's?): pass the server bundle, CERTS/server, made by"
+            " `fscache certs`"
+        )
 
 
 def client_context(directory: str | os.PathLike[str]) -> ssl.SSLContext:

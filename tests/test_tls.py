@@ -468,3 +468,29 @@ def test_the_readmes_names_are_reachable_from_a_bare_import_fscache() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_a_server_refuses_a_client_certificate_as_its_own(tmp_path: pathlib.Path) -> None:
+    """A client's bundle copied in as the server's: refused at start (exit 1), not by
+    every client's handshake later."""
+    make_certs(tmp_path / "tls", clients=["alice"])
+    alice, wrong = tmp_path / "tls" / "clients" / "alice", tmp_path / "wrong"
+    wrong.mkdir()
+    for source, target in (("ca.pem", "ca.pem"), ("client.pem", "server.pem"),
+                           ("client-key.pem", "server-key.pem")):  # fmt: skip
+        (wrong / target).write_bytes((alice / source).read_bytes())
+    with pytest.raises(FscacheError, match="is not a server certificate"):
+        server_context(wrong)
+    root = tmp_path / "root"
+    root.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0",
+         "--tls", str(wrong)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"fscache: FscacheError: {wrong / 'server.pem'} is not a server certificate"
+        " (its extended key usage has no serverAuth; a client's?): pass the server bundle,"
+        " CERTS/server, made by `fscache certs`"
+    ]
