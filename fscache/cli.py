@@ -1,4 +1,4 @@
-"""The ``fscache`` command: serve, read, write, ls, mv, mkdir, rmdir, stats, certs,
+"""The ``fscache`` command: serve, read, write, ls, mv, rm, mkdir, rmdir, stats, certs,
 demo, bench. ``read`` and ``write`` stream chunk by chunk: memory stays bounded
 whatever the file's size.
 
@@ -209,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     mv = client_command("mv", "rename SRC to DST atomically (prints DST's version)")
     mv.add_argument("src", metavar="SRC")
     mv.add_argument("dst", metavar="DST")
+    rm = client_command("rm", "delete a file (rmdir removes a directory)")
+    rm.add_argument("path", metavar="PATH")
+    rm.add_argument("--if-version", type=int, help="compare-and-set: only if at VERSION")
     client_command("mkdir", "make a directory").add_argument("path", metavar="DIR")
     client_command("rmdir", "remove an empty directory").add_argument("path", metavar="DIR")
     client_command("stats", "print the server's counters as JSON")
@@ -503,6 +506,11 @@ def _mv(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rm(args: argparse.Namespace) -> int:
+    _with_client(args, lambda c: c.delete(args.path, if_version=args.if_version))
+    return 0
+
+
 def _mkdir(args: argparse.Namespace) -> int:
     _with_client(args, lambda c: c.mkdir(args.path))
     return 0
@@ -598,6 +606,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "write": _write,
     "ls": _ls,
     "mv": _mv,
+    "rm": _rm,
     "mkdir": _mkdir,
     "rmdir": _rmdir,
     "stats": _stats,

@@ -80,6 +80,23 @@ def test_a_directory_operation_on_a_file_is_not_a_directory(served):  # noqa: F8
         assert result.returncode == 1 and err.startswith("fscache: NotADirectory: "), (args, err)
 
 
+def test_rm_deletes_a_file_with_or_without_compare_and_set(served):  # noqa: F811
+    version = int(fscache_command("write", served, "f", "-", stdin=b"1").stdout)
+    stale = fscache_command("rm", served, "f", "--if-version", str(version + 1))
+    assert stale.returncode == 1 and stale.stderr.startswith(b"fscache: Conflict: ")
+    assert fscache_command("rm", served, "f", "--if-version", str(version)).returncode == 0
+    assert fscache_command("read", served, "f").returncode == 1  # gone
+    assert fscache_command("write", served, "g", "-", stdin=b"2").returncode == 0
+    removed = fscache_command("rm", served, "g")
+    assert (removed.returncode, removed.stdout) == (0, b"")
+    assert fscache_command("ls", served).stdout == b""
+    missing = fscache_command("rm", served, "g")
+    assert missing.returncode == 1 and missing.stderr.startswith(b"fscache: NotFound: ")
+    assert fscache_command("mkdir", served, "d").returncode == 0
+    a_dir = fscache_command("rm", served, "d")
+    assert a_dir.returncode == 1 and a_dir.stderr.startswith(b"fscache: IsADirectory: ")
+
+
 def test_write_of_a_big_file_makes_its_missing_directories(served, tmp_path):  # noqa: F811
     source = tmp_path / "big.bin"
     source.write_bytes(os.urandom(MIB) * 2 + b"tail")  # over one chunk: an upload
