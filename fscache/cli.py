@@ -19,7 +19,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from fscache.errors import FscacheError, Unauthorized, Unavailable
+from fscache.errors import BadPath, FscacheError, Unauthorized, Unavailable
 from fscache.settings import (
     DEFAULT_HOST,
     DEFAULT_HOT_WRITES,
@@ -110,6 +110,12 @@ def _whole_from(least: int, most: int) -> Callable[[str], int]:
     return whole
 
 
+def _version() -> str:
+    from fscache import __version__
+
+    return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fscache.bench import demo_options as d  # light: the demos' ranges and defaults
 
@@ -118,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A file service with lease-based cache consistency (Gray & Cheriton 1989).",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="serve a directory tree")
@@ -281,8 +288,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    if args.command != "bench" and rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command != "bench" and rest:  # in the usage of the command they follow
+        command = _subcommand(parser, args.command)
+        if args.command == "demo":
+            command = _subcommand(command, args.demo)
+        command.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "serve":
         args = _serve_options(parser, argv, args)
     if args.command == "demo":
@@ -476,7 +486,13 @@ def _with_client(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]]) 
         async with open_client(host, port, ssl_context=ssl_context, cache_bytes=0) as client:
             return await body(client)
 
-    return trio.run(run)
+    try:
+        return trio.run(run)
+    except BadPath as exc:  # "path is empty" for '.': say which path, as typed
+        path = getattr(args, "path", None)
+        if path is None or repr(path) in str(exc):
+            raise
+        raise BadPath(f"{path!r}: {exc}") from None
 
 
 def _read(args: argparse.Namespace) -> int:

@@ -623,10 +623,13 @@ class FileService:
             raise FscacheError(
                 f"cannot listen on {_shown(s.host)}:{s.port}: bad host name"
             ) from None
-        _raise_open_files_limit(s.max_connections)
+        open_files = _raise_open_files_limit(s.max_connections)
+        # One line at start, in the default log too: operators want the limits in force
+        # (a warning above it if the open files limit is too low for max_connections).
         log.info(
-            "limits: %s", ", ".join(f"{name} {getattr(s, name)}" for name in LIMITS + TIMEOUTS)
-        )
+            "limits: %s, open files %s",
+            ", ".join(f"{name} {getattr(s, name)}" for name in LIMITS + TIMEOUTS), open_files,
+        )  # fmt: skip
         # A worker thread (fsyncs, listings) keeps the GIL for up to the switch interval
         # while the event loop waits for it: 5 ms by default, 1 ms here. Measured while
         # a 100,000-name directory was listed: another client's p99 round trip went
@@ -1804,26 +1807,27 @@ def _accept_queued(listening: socket.socket, arrived: deque[socket.socket]) -> O
         arrived.append(sock)
 
 
-def _raise_open_files_limit(max_connections: int) -> None:
+def _raise_open_files_limit(max_connections: int) -> str:
     """Raise the soft limit on open files to the hard limit: each connection is one.
     Warn when it leaves less than ``max_connections`` (and the server's own files):
-    connections past it are turned away by accept (EMFILE), not by the server."""
+    connections past it are turned away by accept (EMFILE), not by the server.
+    Returns the limit in force, for the log line of limits ("N (raised from M)")."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == hard:
-        log.info("open files limit: %s", soft)
-    else:
+    said = str(soft)
+    if soft != hard:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError) as exc:
             log.warning("open files limit stays %s (hard limit %s: %s)", soft, hard, exc)
         else:
-            log.info("open files limit raised from %s to the hard limit %s", soft, hard)
+            said = f"{hard} (raised from {soft})"
             soft = hard
     if soft != resource.RLIM_INFINITY and soft < max_connections + OWN_FILES:
         log.warning(
             "open files limit %s is below max_connections %s + %s of the server's own:"
             " raise it (ulimit -n) or lower max_connections", soft, max_connections, OWN_FILES,
         )  # fmt: skip
+    return said
 
 
 def load_access(path: str) -> AccessRules:

@@ -226,10 +226,11 @@ def test_a_server_started_from_a_file_with_every_option_uses_each(tmp_path: Path
     assert mode & stat.S_IRGRP  # shared
     logged = [json.loads(line) for line in log_path.read_text().splitlines()]  # log-format
     (limits,) = [line["message"] for line in logged if line["message"].startswith("limits: ")]
-    assert limits == (  # the other limits, as the server has them
+    assert limits.startswith(  # the other limits, as the server has them
         "limits: max_connections 50, max_connections_per_identity 2, max_in_flight 8,"
         " max_pending_write_bytes 4000000, max_pending_write_bytes_total 8000000,"
-        " max_leases_per_holder 1000, max_outbox 3000000, frame_timeout 12.5, send_timeout 20.0"
+        " max_leases_per_holder 1000, max_outbox 3000000, frame_timeout 12.5, send_timeout 20.0,"
+        " open files "
     )
     assert {"w", "r"} <= {line.get("label") for line in logged if line["event"] == "connect"}
     assert {line.get("identity") for line in logged if line["event"] == "connect"} == {"alice"}

@@ -366,6 +366,45 @@ def test_certs_for_a_bad_client_name_is_bad_usage(tmp_path, name):
     assert not (tmp_path / "tls").exists()  # refused before anything was made
 
 
+def test_version_prints_the_package_version():
+    result = fscache_command("--version")
+    assert (result.returncode, result.stdout.decode()) == (0, f"fscache {fscache.__version__}\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "usage"),
+    [(("ls", "127.0.0.1:1", "a", "b"), "usage: fscache ls "),
+     (("demo", "crash", "extra"), "usage: fscache demo crash "),
+     (("stats", "127.0.0.1:1", "--nope"), "usage: fscache stats ")],
+)  # fmt: skip
+def test_a_usage_error_after_a_command_shows_that_commands_usage(args, usage):
+    result = fscache_command(*args)
+    err = result.stderr.decode()
+    assert result.returncode == 2 and err.startswith(usage), err
+    assert f"fscache {args[0]}" in err.splitlines()[-1] and "unrecognized arguments" in err
+
+
+def test_a_bad_path_names_the_path_as_typed(served):
+    result = fscache_command("write", served, ".", "-", stdin=b"x")
+    assert result.returncode == 1
+    assert result.stderr.decode() == "fscache: BadPath: '.': path is empty\n"
+
+
+def test_serve_says_its_limits_in_one_line_and_no_more(root):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert parse_serving_line(proc.stdout.readline()) is not None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    lines = err.splitlines()
+    assert len(lines) == 1 and " INFO limits: max_connections 1024, " in lines[0], err
+    assert ", open files " in lines[0]
+
+
 def test_blocking_client_from_many_threads(served):
     with fscache.connect(served) as c:
         c.write("t", b"x")
