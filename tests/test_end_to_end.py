@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -403,6 +404,22 @@ def test_serve_says_its_limits_in_one_line_and_no_more(root):
     lines = err.splitlines()
     assert len(lines) == 1 and " INFO limits: max_connections 1024, " in lines[0], err
     assert ", open files " in lines[0]
+
+
+def test_the_readmes_python_example_runs_after_its_command_line_block(served, tmp_path):
+    """The README's first Python example, against the server its command-line block
+    used (that block made ``archive``), twice: it is idempotent."""
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    example = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    host, port = served.rsplit(":", 1)
+    example = example.replace('"127.0.0.1", 7710', f"{host!r}, {port}")
+    assert fscache_command("mkdir", served, "archive").returncode == 0
+    for _ in range(2):
+        result = subprocess.run(
+            [sys.executable, "-c", example], capture_output=True, text=True, timeout=60,
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
 
 
 def test_blocking_client_from_many_threads(served):
