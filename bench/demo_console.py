@@ -1,5 +1,5 @@
-"""The crash demo's timeline on the terminal: stamped lines, section titles, and
-one live status line (only on a terminal)."""
+"""The demos' timeline on the terminal: stamped lines, section titles, and one live
+status line (only on a terminal)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,17 @@ class Console:
         "green": "1;32",
     }
 
-    def __init__(self, t0: float, out: TextIO, who_width: int = WHO_WIDTH) -> None:
+    def __init__(
+        self, t0: float, out: TextIO, who_width: int = WHO_WIDTH, *, in_time_order: bool = False
+    ) -> None:
         self.t0 = t0
         self.out = out
         self.who_width = who_width
+        # A demo that stamps some events after later ones (an instant it predicts, an
+        # inbox read late) holds a section's events and prints them in time order when
+        # the section ends: at the next title or plain line.
+        self.in_time_order = in_time_order
+        self._held: list[tuple[float, int, str]] = []
         self.tty = out.isatty()
         self.colour = self.tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
         self._status = ""
@@ -41,16 +48,28 @@ class Console:
             self.status(status)
 
     def line(self, text: str = "") -> None:
+        self.flush()
         self._print(text)
 
     def section(self, title: str) -> None:
+        self.flush()
         self._print("")
         self._print(self.paint(title, "bold"))
 
     def event(self, t: float, who: str, text: str, style: str | None = None) -> None:
         stamp = self.paint(f"{self.rel(t):>9}", "dim")
         body = f"{who:<{self.who_width}}  {text}"
-        self._print(f"{stamp}  {self.paint(body, style) if style else body}")
+        line = f"{stamp}  {self.paint(body, style) if style else body}"
+        if self.in_time_order:
+            self._held.append((t, len(self._held), line))  # ties keep their order
+        else:
+            self._print(line)
+
+    def flush(self) -> None:
+        """Print the held events, earliest first."""
+        for _, _, line in sorted(self._held):
+            self._print(line)
+        self._held.clear()
 
     def status(self, text: str) -> None:
         """A line redrawn in place; only on a terminal."""

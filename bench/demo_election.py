@@ -298,7 +298,9 @@ def run_election_demo(
 ) -> int:
     """Run the election demonstration; 0 if every check passed."""
     check_election(ttl=ttl, skew=skew, candidates=candidates)
-    console = Console(time.monotonic(), out or sys.stdout, who_width=len("candidate 10"))
+    console = Console(
+        time.monotonic(), out or sys.stdout, who_width=len("candidate 10"), in_time_order=True
+    )
     title = (
         f"fscache election demo: {candidates} candidate processes, lock ttl {ttl:g} s,"
         f" skew {skew:g} s"

@@ -80,3 +80,20 @@ def test_the_election_demo_refuses_a_single_candidate(capsys: pytest.CaptureFixt
         cli.main(["demo", "election", "--candidates", "1"])
     assert exit_.value.code == 2
     assert "--candidates" in capsys.readouterr().err
+
+
+def test_each_sections_timeline_is_in_time_order(election: tuple[int, list[str]]) -> None:
+    """Some events are known after later ones (an instant the demo predicts, one read
+    late from a candidate's inbox): each section still lists them earliest first."""
+    _, lines = election
+    sections: list[list[float]] = [[]]
+    for line in lines:
+        stamp = line.split(maxsplit=1)[0] if line.strip() else ""
+        if stamp.startswith("+") and stamp[1:].replace(".", "", 1).isdigit():
+            sections[-1].append(float(stamp[1:]))
+        else:
+            sections.append([])
+    stamped = [times for times in sections if times]
+    assert len(stamped) >= 3, "\n".join(lines)
+    for times in stamped:
+        assert times == sorted(times), "\n".join(lines)
