@@ -396,7 +396,7 @@ def measure_fanout(
                         holders_cpu.append(_cpu_of(pids) - before[1])
                 finally:
                     holding.close()
-                print(f"fan-out to {n} holders: {times}", file=sys.stderr, flush=True)
+                print(f"fan-out to {n} holders: {_progress(times)}", file=sys.stderr, flush=True)
                 rows.append(
                     {
                         "holders": n,
@@ -409,6 +409,13 @@ def measure_fanout(
                     }
                 )
     return rows
+
+
+def _progress(times: list[float]) -> str:
+    """A progress line's figures: the writes' times in milliseconds, rounded, and
+    their median (the raw floats are in the results)."""
+    shown = ", ".join(f"{t * 1000:.1f}" for t in times)
+    return f"write applied in {shown} ms (median {statistics.median(times) * 1000:.1f} ms)"
 
 
 def _cpu_of(pids: Sequence[int | None]) -> float:

@@ -8,6 +8,7 @@ written and that every measurement has rows or says why not -- never a figure.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,14 @@ def test_the_quick_run_prints_the_table_and_writes_json_and_the_plot(tmp_path: P
     results = json.loads((tmp_path / scale.SCALE_JSON).read_text())
     assert results["quick"] is True
     assert (tmp_path / scale.SCALE_PNG).stat().st_size > 0
+    fanout_lines = [line for line in run.stderr.splitlines() if line.startswith("fan-out to ")]
+    assert len(fanout_lines) == 2, run.stderr[-2000:]
+    for line in fanout_lines:  # rounded, readable progress: no raw float lists
+        assert re.fullmatch(
+            r"fan-out to \d+ holders: write applied in \d+\.\d(, \d+\.\d)* ms"
+            r" \(median \d+\.\d ms\)",
+            line,
+        ), line
 
     leases = results["leases"]
     assert [(r["files"], r["holders"]) for r in leases] == [(2_000, 2), (5_000, 1)]
@@ -66,3 +75,8 @@ def test_the_fanout_command_refuses_a_nice_value_it_cannot_set() -> None:
     )  # fmt: skip
     assert run.returncode == 2
     assert "--holders-nice" in run.stderr and "invalid choice" in run.stderr
+
+
+def test_fanout_progress_is_rounded_milliseconds() -> None:
+    line = scale_leases._progress([0.0123456789, 0.015, 0.2])
+    assert line == "write applied in 12.3, 15.0, 200.0 ms (median 15.0 ms)"
