@@ -600,6 +600,7 @@ class FileService:
         # Last, once everything that can refuse the start (the access file, the lock
         # log) has been read: a start refused before this line leaves the record as
         # it found it, and the next start no window it does not need.
+        self._found_incarnation = self.store.load_state(INCARNATION_FILE)  # for abandon()
         self.restart_window = begin_incarnation(self.store, self.policy.max_term, settings.skew)
         self.stopped_cleanly = False  # set by shutdown: the next start needs no window
         self.table = LeaseTable(
@@ -1771,11 +1772,22 @@ class FileService:
             **self.store.capacity(),
         }
 
+    def abandon(self) -> None:
+        """Called on a start that failed before it served (no TLS context, no
+        listener): put the incarnation record back as it was found. Recording ours
+        instead could lower the window the next start owes a crashed incarnation
+        whose term was longer than ours."""
+        if self._found_incarnation is None:
+            self.store.remove_state(INCARNATION_FILE)
+        else:
+            self.store.save_state(INCARNATION_FILE, self._found_incarnation)
+
     def shutdown(self) -> int:
-        """Called on a clean stop, and on a start that failed: if no lease of ours is
-        live, no request waits and the restart window is over (a lease of the
-        incarnation before may still be live while it is open), the next start needs no
-        window (:attr:`stopped_cleanly`). Returns how many leases are still live."""
+        """Called on a stop (and by ``fscache serve`` on a start that failed after it
+        began to serve): if no lease of ours is live, no request waits and the restart
+        window is over (a lease of the incarnation before may still be live while it
+        is open), the next start needs no window (:attr:`stopped_cleanly`). Returns how
+        many leases are still live."""
         now = trio.current_time()
         live = self.table.live_leases(now)
         if live == 0 and not self._pending and now >= self.table.hold_writes_until:
@@ -1909,7 +1921,7 @@ async def serve(
             try:
                 await nursery.start(service.run)
             except BaseException:  # it never served: it leaves the record as it found it
-                service.shutdown()
+                service.abandon()
                 raise
             task_status.started(service)
     finally:

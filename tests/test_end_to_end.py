@@ -23,7 +23,7 @@ from fscache.bench.frames import FrameConnection
 from fscache.cli import parse_serving_line
 from fscache.client.client import parse_address
 from fscache.protocol import read_frame
-from fscache.server.service import ServerSettings, serve
+from fscache.server.service import FileService, ServerSettings, serve
 from fscache.settings import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SKEW, DEFAULT_TERM, BadSetting
 from fscache.tls import client_context, make_certs
 
@@ -164,6 +164,23 @@ async def test_a_tls_client_of_a_plain_server_is_told_it_may_not_speak_tls(serve
     with pytest.raises(fscache.Unavailable, match="the server may not speak TLS"):
         async with fscache.open_client("127.0.0.1", server.port, ssl_context=ctx):
             pass
+
+
+async def test_a_failed_start_leaves_a_crashed_incarnations_record_as_it_was(root, tmp_path):
+    """A crashed server's long term is still owed by the next start: a start that
+    failed (bad TLS material) must not record its own shorter one over it."""
+    crashed = FileService(ServerSettings(root=str(root), port=0, term=60.0))
+    crashed.store.close()  # a crash: no shutdown, its record says "not clean"
+    record = (root / ".fscache" / "incarnation.json").read_bytes()
+    bad = ServerSettings(root=str(root), port=0, term=1.0, tls_dir=str(tmp_path / "none"))
+    with pytest.raises(BaseExceptionGroup) as refused:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, bad)
+    assert refused.group_contains(fscache.FscacheError, match="does not exist", depth=None)
+    assert (root / ".fscache" / "incarnation.json").read_bytes() == record
+    again = FileService(ServerSettings(root=str(root), port=0, term=1.0))
+    assert again.restart_window == pytest.approx(60.0 + DEFAULT_SKEW)
+    again.store.close()
 
 
 # ---------------------------------------------------------------- the command line
