@@ -1323,8 +1323,9 @@ class Client:
     async def _apply_frames(self, link: _Link, *, claimant: bool = False) -> None:
         """Apply every whole frame the decoder holds, in arrival order: a reply wakes its
         request; an approval request drops the entry and is answered before the next
-        frame. ``claimant``: a request's sender reads, whose cancellation must not stop
-        an approval half sent."""
+        frame (or, when there are hooks to run first, beside it: :meth:`_approve`).
+        ``claimant``: a request's sender reads, whose cancellation must not stop an
+        approval half sent."""
         decoder = link.decoder
         while (message := decoder.next_message()) is not None:
             if type(message) is p.ApprovalRequest:
@@ -1342,10 +1343,25 @@ class Client:
         self._cache.drop(message.path)  # drop first ...
         self._inflight.pop(message.path, None)  # (no reader joins an older answer)
         self._counters.approvals += 1
-        for hook in self.before_approval:  # e.g. the mount's kernel cache
-            await hook(message.path)
+        if self.before_approval and self._nursery is not None:
+            # A hook may wait for something that waits for a reply not yet read off
+            # this connection: the mount's kernel invalidation waits for a directory
+            # lock that a lookup holds until its reply comes. So the hooks, and then
+            # the approval, run beside the reader, which goes on applying frames.
+            self._nursery.start_soon(self._approve_after_hooks, link, message)
+            return
         approve = p.Approve(path=message.path, write=message.write)
         await link.send_frame(p.encode(approve))  # ... then approve
+
+    async def _approve_after_hooks(self, link: _Link, message: p.ApprovalRequest) -> None:
+        for hook in self.before_approval:  # e.g. the mount's kernel cache
+            try:
+                await hook(message.path)
+            except Exception:  # the approval goes out all the same
+                log.exception("the approval hook %r failed for %s", hook, message.path)
+        approve = p.Approve(path=message.path, write=message.write)
+        with contextlib.suppress(Unavailable):  # lost with the connection: the lease runs out
+            await link.send_frame(p.encode(approve))
 
     def _on_reply(self, link: _Link, message: p.Message) -> None:
         """Apply one reply (or the server's error) and wake the request it answers."""
