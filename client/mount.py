@@ -50,7 +50,11 @@ server outlasts the client's expiry.
 The price of that order: a READ or lookup of the file that arrives during the
 invalidation waits at the server for a write that waits for this approval, while
 the invalidation waits for that READ's page; the write then goes ahead when the
-lease runs out at the server, which ends the wait.
+lease runs out at the server, which ends the wait. The hook runs beside the
+connection's reader, which goes on applying replies meanwhile: a lookup whose
+reply has already come in ends, and lets the invalidation (which waits for the
+directory lock that lookup holds) go on. Were the reader to wait for the hook,
+that reply would never be read, and the mount would hang for good.
 
 Names and directories
 ---------------------
@@ -691,9 +695,14 @@ class FscacheOperations:
                 if handle.append:
                     off = os.fstat(fd).st_size
                 os.pwrite(fd, buf, off)
+            elif handle.append:
+                # The end of the file: the server's size or the end of what is not yet
+                # sent, asked with no write-back under way (one could send and clear
+                # ranges the server's answer did not count yet).
+                async with open_file.flushing:
+                    size = (await self._stat(open_file.path)).size
+                    open_file.ranges.write(max(size, open_file.ranges.end), bytes(buf))
             else:
-                if handle.append:
-                    off = (await self._stat(open_file.path)).size
                 open_file.ranges.write(off, bytes(buf))
             _changed(open_file)
             if open_file.ranges.nbytes > DIRTY_BOUND:
@@ -710,7 +719,7 @@ class FscacheOperations:
     async def release(self, inode: int, fh: int) -> None:
         del self._handles[fh]
         open_file = self._open[inode]
-        open_file.handles -= 1
+        open_file.handles -= 1  # the release that makes it 0 ends the file's open state
         try:
             await self._write_back(open_file)
         except FscacheError as exc:  # the kernel has no one to tell: say it here
@@ -718,9 +727,13 @@ class FscacheOperations:
         except Exception:
             log.exception("writing %s back on its last close failed", open_file.path)
         finally:
-            if open_file.handles == 0:
-                open_file.drop_spool()
-                del self._open[inode]
+            # Other releases may have awaited their write-backs meanwhile, and an open
+            # may have come: only the last one out, of this very state, drops it.
+            if open_file.handles == 0 and self._open.get(inode) is open_file:
+                async with open_file.flushing:  # after any write-back still under way
+                    if open_file.handles == 0 and self._open.get(inode) is open_file:
+                        open_file.drop_spool()
+                        del self._open[inode]
 
     async def unlink(self, parent_inode: int, name: bytes) -> None:
         with _errno_replies():

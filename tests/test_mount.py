@@ -32,6 +32,7 @@ from unittest.mock import ANY
 
 import pytest
 import trio
+import trio.testing
 
 import fscache
 from fscache.cli import parse_serving_line
@@ -349,6 +350,76 @@ async def test_statfs_asks_the_server_once_a_second_and_keeps_its_figures_while_
     await trio.sleep(1.0)
     capacity = await ops.statfs()
     assert (capacity.blocks, capacity.free_files, server.asked) == (4, 0, 2)
+
+
+class ScriptedStats:
+    """A client whose stat answers with the size the server had when it was asked,
+    after ``answer`` is set; writes land at once."""
+
+    def __init__(self):
+        self.before_approval = []
+        self.data = bytearray()
+        self.answer = trio.Event()
+        self.answer.set()
+        self.landing = trio.Event()  # writes land once set
+        self.landing.set()
+
+    def leased(self, path):
+        return None
+
+    async def stat(self, path):
+        size = len(self.data)  # as the server has it now
+        await self.answer.wait()
+        return fscache.StatResult(path, 1, size, False)
+
+    async def write(self, path, data, *, offset):
+        await self.landing.wait()
+        self.data[offset : offset + len(data)] = data
+        return 2
+
+
+class NoKernel:
+    def invalidate_inode(self, inode, attributes_only=False):
+        pass
+
+
+async def test_an_append_is_placed_after_ranges_a_write_back_sends_meanwhile():
+    """An append asks the server for the file's size: a write-back that sent (and
+    cleared) the unsent ranges before the answer came must not make it land on them."""
+    client = ScriptedStats()
+    ops = FscacheOperations(client, session=NoKernel())  # type: ignore[arg-type]
+    inode = ops._remember("log")
+    opened = ops._opened(inode, os.O_WRONLY | os.O_APPEND, spool=False)
+    await ops.write(inode, opened.fh, 0, b"first\n")  # unsent: a dirty range
+    client.answer = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ops.write, inode, opened.fh, 0, b"second\n")
+        await trio.testing.wait_all_tasks_blocked()  # its stat waits for the answer
+        nursery.start_soon(ops.flush, inode, opened.fh)  # a close elsewhere: write-back
+        await trio.testing.wait_all_tasks_blocked()
+        client.answer.set()
+    await ops.flush(inode, opened.fh)
+    assert bytes(client.data) == b"first\nsecond\n"
+
+
+async def test_handles_closed_at_once_end_the_files_open_state_once():
+    """The first release awaits its write-back while the last one comes: only the
+    last one out drops the file's state, after every write-back is done."""
+    client = ScriptedStats()
+    ops = FscacheOperations(client, session=NoKernel())  # type: ignore[arg-type]
+    inode = ops._remember("f")
+    first = ops._opened(inode, os.O_WRONLY, spool=False)
+    second = ops._opened(inode, os.O_WRONLY, spool=False)
+    await ops.write(inode, first.fh, 0, b"one")
+    client.landing = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ops.release, inode, first.fh)  # its write-back waits to land
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(ops.release, inode, second.fh)
+        await trio.testing.wait_all_tasks_blocked()
+        client.landing.set()
+    assert bytes(client.data) == b"one"
+    assert inode not in ops._open
 
 
 async def test_directories_live_on_the_server_with_posix_errnos(mnt, other):
