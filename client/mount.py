@@ -129,9 +129,20 @@ Not supported, on purpose
   appends through two mounts at once can land on the same offset and overwrite
   each other (as on NFS). A new file is visible, empty, from ``create`` until its
   first close.
-- Locks (``fcntl``, ``flock``) are the kernel's, local to one mount: writers that
-  coordinate through them (sqlite with writers on two mounts at once) must write
-  through one mount, or coordinate with fscache's own locks.
+- Locks (``fcntl``, ``flock``) are the kernel's, local to one mount: programs that
+  coordinate through them must all run on one mount, or coordinate with fscache's
+  own locks. sqlite is one: while a process has a database open for writing, a
+  process on another mount must not open it even to read (it may checkpoint a WAL
+  or roll back a hot journal under the writer).
+- A file open here for writing that another client deletes or renames away: its
+  unsent writes are dropped at the close (as for an unlinked file), not written
+  under the old name; a name created through a directory another client removed
+  fails with ENOENT (checked before the create: the server would make the
+  directory again). Stopping the mount writes back what open files hold unsent
+  (at most ``UNMOUNT_WRITE_BACK`` seconds) before it unmounts.
+- INTERRUPT is not implemented: a call blocked on the server waits for it (at
+  most a lease term plus skew for a write held by a silent holder). Inode numbers
+  are stable while the kernel remembers a name, not after it forgets it.
 - A file open here that another client rewrites or replaces is read as the
   server has it from then on (its pages went before the approval): a sequence of
   ``read`` calls that spans the change can return part of each version, as on
@@ -210,6 +221,7 @@ BLOCK_SIZE = 4096
 MOUNT_CACHE_BYTES = 16 << 20  # the client's cache under a mount (the kernel has the pages)
 DIRTY_BOUND = 8 << 20  # bytes written in place that are sent before the close
 CAPACITY_TTL = 1.0  # s: statfs answers with the server's disk figures at most this old
+UNMOUNT_WRITE_BACK = 30.0  # s: how long the way out waits for open files' unsent writes
 
 
 @contextlib.contextmanager
@@ -656,6 +668,7 @@ class FscacheOperations:
     ) -> tuple[Opened, Entry]:
         with _errno_replies():
             path = self._child(parent_inode, name)
+            await self._parent_is_a_directory(path)
             made = True
             try:
                 await self._client.write(path, b"", if_version=0)  # 0: only if absent
@@ -666,6 +679,14 @@ class FscacheOperations:
             inode = self._remember(path)
             info = self._opened(inode, flags, spool=made or bool(flags & os.O_TRUNC))
             return info, self._attributes(inode, await self._stat(path))
+
+    async def _parent_is_a_directory(self, path: str) -> None:
+        """A write makes missing parents on the server; a name made here must not: a
+        directory another client removed or renamed (a shell's stale working
+        directory) would come back. From the leased listing or stat, mostly cached."""
+        above = parent(path)
+        if above and not (await self._client.stat(above)).is_dir:
+            raise FuseError(errno.ENOTDIR)
 
     async def read(self, inode: int, fh: int, off: int, size: int) -> bytes:
         with _errno_replies():
@@ -816,6 +837,21 @@ class FscacheOperations:
 
         await trio.to_thread.run_sync(forget)
 
+    async def write_back_all(self) -> None:
+        """On the way out (SIGTERM, Ctrl-C, cancellation, before the unmount): send what
+        files still open hold unsent, as their closes would have, within
+        ``UNMOUNT_WRITE_BACK`` seconds; name in the log what could not be sent."""
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + UNMOUNT_WRITE_BACK
+            for open_file in list(self._open.values()):
+                try:
+                    await self._write_back(open_file)
+                except FscacheError as exc:
+                    log.warning("%s was not written before the unmount: %s", open_file.path, exc)
+        for open_file in self._open.values():
+            if open_file.dirty:
+                log.warning("%s: its unsent writes are lost with the unmount", open_file.path)
+
     async def _write_back(self, open_file: _OpenFile) -> None:
         """Send what was written: the spool as one upload, or the dirty ranges."""
         if not open_file.dirty:  # the close of a file only read: nothing to wait for
@@ -824,6 +860,16 @@ class FscacheOperations:
             if open_file.unlinked:  # the spool is its contents until the last close
                 return
             if not open_file.dirty:
+                return
+            try:
+                await self._client.stat(open_file.path)  # leased, mostly: no round trip
+            except NotFound:
+                # Deleted or renamed away by another client since it was opened here:
+                # its unsent bytes go nowhere, as for a file unlinked under an open
+                # descriptor, rather than make the name (and its directories) again.
+                log.info("%s is gone elsewhere: its unsent writes are dropped", open_file.path)
+                open_file.drop_spool()
+                open_file.ranges.clear()
                 return
             changes = open_file.changes
             if open_file.spool is not None:
@@ -897,6 +943,7 @@ async def mount(
             raise FscacheError(f"cannot mount on {mountpoint}: {exc.strerror or exc}") from None
         operations = FscacheOperations(client, session)
         stack.callback(client.before_approval.remove, operations.before_approval)
+        stack.push_async_callback(operations.write_back_all)  # before the unmount
         client.cache.max_bytes = cache_bytes  # its leases live there: never none
         await session.serve(operations, task_status=task_status)
 

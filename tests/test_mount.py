@@ -17,6 +17,7 @@ Test rules for this module:
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import errno
 import functools
@@ -420,6 +421,46 @@ async def test_handles_closed_at_once_end_the_files_open_state_once():
         client.landing.set()
     assert bytes(client.data) == b"one"
     assert inode not in ops._open
+
+
+async def test_a_name_removed_elsewhere_is_not_made_again_from_here(mnt, other):
+    """Writes to a file open here that another client deletes go nowhere at the close
+    (as for an unlinked file), and a directory removed elsewhere is not made again by
+    a create through a descriptor of it (a shell's stale working directory)."""
+    await other.write("gone", b"abcdefgh")
+    fd = await on_mount(os.open, mnt / "gone", os.O_RDWR)
+    await on_mount(os.pwrite, fd, b"XY", 4)  # unsent until the close
+    await other.delete("gone")
+    await on_mount(os.close, fd)
+    with pytest.raises(fscache.NotFound):
+        await other.read("gone")
+
+    await on_mount(os.mkdir, mnt / "cwd")
+    cwd = await on_mount(os.open, mnt / "cwd", os.O_RDONLY)
+    await other.rename("cwd", "moved")
+    made = functools.partial(os.open, "g", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=cwd)
+    with pytest.raises(FileNotFoundError):
+        await on_mount(made)
+    await on_mount(os.close, cwd)
+    assert await other.listdir("") == ["moved/"]
+
+
+async def test_unsent_writes_of_open_files_go_out_when_the_mount_is_stopped(
+    mountable, server, mountpoint, other
+):
+    """Stopping the mount (SIGTERM or Ctrl-C of ``fscache mount`` cancel it) with a
+    file still open and written: its writes are sent before the unmount."""
+    async with (
+        fscache.open_client("127.0.0.1", server.port) as client,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(mount, client, str(mountpoint))
+        fd = await on_mount(os.open, mountpoint / "late", os.O_CREAT | os.O_WRONLY, 0o644)
+        await on_mount(os.write, fd, b"important")
+        nursery.cancel_scope.cancel()
+    with contextlib.suppress(OSError):  # the mount it belonged to has gone
+        os.close(fd)
+    assert await other.read("late") == b"important"
 
 
 async def test_directories_live_on_the_server_with_posix_errnos(mnt, other):
