@@ -251,6 +251,21 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
             return False
         return True
 
+    def isdir(self, path: str) -> bool:
+        """Whether ``path`` is a directory; as for :meth:`exists`, an error that says
+        nothing about the path (the server out of reach) is raised, not False."""
+        try:
+            return bool(self.info(path)["type"] == "directory")
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def isfile(self, path: str) -> bool:
+        """Whether ``path`` is a file (errors: as :meth:`isdir`)."""
+        try:
+            return bool(self.info(path)["type"] == "file")
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
     def modified(self, path: str) -> datetime.datetime:
         """When ``path`` last changed, in UTC: its version, which is its
         ``st_mtime_ns`` on the server (to the microsecond)."""

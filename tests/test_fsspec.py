@@ -404,14 +404,15 @@ async def test_errors_of_access_paths_and_reach_are_raised_not_taken_for_absence
     await trio.to_thread.run_sync(connect_to_nothing)
 
 
-async def test_a_server_gone_makes_exists_raise(nursery, root):
+async def test_a_server_gone_makes_exists_isdir_and_isfile_raise(nursery, root):
     async with trio.open_nursery() as serving:
         server = await serving.start(serve, ServerSettings(root=str(root), port=0))
         fs = await trio.to_thread.run_sync(new_fs, f"127.0.0.1:{server.port}")
         serving.cancel_scope.cancel()
     try:
-        with pytest.raises(ConnectionError):
-            await trio.to_thread.run_sync(fs.exists, "never/leased")
+        for question in (fs.exists, fs.isdir, fs.isfile):
+            with pytest.raises(ConnectionError):
+                await trio.to_thread.run_sync(question, "never/leased")
     finally:
         await trio.to_thread.run_sync(fs.client.close)
 
