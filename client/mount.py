@@ -302,6 +302,7 @@ class _OpenFile:
     spool: BinaryIO | None = None  # the whole new contents, uploaded on flush
     ranges: _DirtyRanges = dataclasses.field(default_factory=_DirtyRanges)
     changes: int = 0  # bumped by every write or truncate
+    on_server: int = -1  # ``changes`` when the server last had the spool's contents
     modified_ns: int = 0
     unlinked: bool = False
     flushing: trio.Lock = dataclasses.field(default_factory=trio.Lock)
@@ -678,6 +679,9 @@ class FscacheOperations:
                 made = False
             inode = self._remember(path)
             info = self._opened(inode, flags, spool=made or bool(flags & os.O_TRUNC))
+            if made:  # the server has the empty file: a close with no write sends nothing
+                open_file = self._open[inode]
+                open_file.on_server = open_file.changes
             return info, self._attributes(inode, await self._stat(path))
 
     async def _parent_is_a_directory(self, path: str) -> None:
@@ -860,6 +864,9 @@ class FscacheOperations:
             if open_file.unlinked:  # the spool is its contents until the last close
                 return
             if not open_file.dirty:
+                return
+            if open_file.spool is not None and open_file.changes == open_file.on_server:
+                open_file.drop_spool()  # (an empty file made here: `touch`, a lock file)
                 return
             try:
                 await self._client.stat(open_file.path)  # leased, mostly: no round trip

@@ -463,6 +463,19 @@ async def test_unsent_writes_of_open_files_go_out_when_the_mount_is_stopped(
     assert await other.read("late") == b"important"
 
 
+async def test_an_empty_file_made_here_is_one_write(mnt, other):
+    """``touch`` (or a lock file made with O_EXCL and closed empty): the create makes
+    the file on the server; its close has nothing more to send."""
+    before = (await other.server_stats())["writes"]
+    fd = await on_mount(os.open, mnt / "touched", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    await on_mount(os.close, fd)
+    assert (await other.server_stats())["writes"] == before + 1
+    assert await other.read("touched") == b""
+    await on_mount(write_file, mnt / "written", b"data")  # a create that is written: two
+    assert (await other.server_stats())["writes"] == before + 3
+    assert await other.read("written") == b"data"
+
+
 async def test_directories_live_on_the_server_with_posix_errnos(mnt, other):
     await on_mount(os.makedirs, mnt / "new" / "sub")
     assert await other.scandir("new") == [fscache.client.client.DirEntry("sub", True, 0, ANY)]
