@@ -381,9 +381,12 @@ class BlockingClient:
             return trio.from_thread.run(call, trio_token=self._token)
         except BaseException:
             if not ended.is_set():  # interrupted on this thread, not failed there
-                with contextlib.suppress(trio.RunFinishedError):
+                try:
                     trio.from_thread.run_sync(scope.cancel, trio_token=self._token)
-                ended.wait(INTERRUPTED_WAIT)
+                except trio.RunFinishedError:
+                    pass  # the loop has ended: nothing of the call is left to wait for
+                else:
+                    ended.wait(INTERRUPTED_WAIT)
             raise
 
     def _run_sync(self, fn: Callable[..., object], *args: Any) -> None:
