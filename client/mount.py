@@ -372,14 +372,16 @@ class FscacheOperations:
         try:
             text = name.decode("utf-8")
         except UnicodeDecodeError:
-            raise FuseError(errno.EINVAL) from None  # fscache names are UTF-8
+            log.info("refused the name %r: fscache names are UTF-8", name)
+            raise FuseError(errno.EINVAL) from None
         parent_path = self._path(parent_inode)
         path = f"{parent_path}/{text}" if parent_path else text
         if len(path.encode("utf-8")) > MAX_PATH_BYTES:
             raise FuseError(errno.ENAMETOOLONG)
         try:
             return normalize(path)
-        except BadPath:
+        except BadPath as exc:  # EINVAL alone does not say which rule the name broke
+            log.info("refused the name %r: %s", text, exc)
             raise FuseError(errno.EINVAL) from None
 
     def _inode(self, path: str) -> int:

@@ -22,6 +22,7 @@ import ctypes
 import errno
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -655,10 +656,19 @@ async def test_rename_flags_it_cannot_honour_are_refused(mnt, other):
     assert (await other.read("a"), await other.read("b")) == (b"a", b"b")
 
 
-async def test_bad_names_are_refused(mnt, other):
+async def test_bad_names_are_refused_and_the_log_says_why(mnt, other, caplog):
+    caplog.set_level(logging.INFO, logger="fscache.mount")
     with pytest.raises(OSError) as reserved:
         await on_mount(write_file, mnt / ".fscache-mine", b"")
     assert reserved.value.errno == errno.EINVAL
+    with pytest.raises(OSError) as backslash:
+        await on_mount(write_file, mnt / "back\\slash", b"")
+    assert backslash.value.errno == errno.EINVAL
+    refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
+    assert any(".fscache-mine" in line and "reserved" in line for line in refusals), refusals
+    assert any("back\\\\slash" in line and "'/' as separator" in line for line in refusals), (
+        refusals
+    )
 
 
 async def test_without_the_server_reads_fail_with_eio_not_stale_data(mountable, root, mountpoint):
