@@ -597,7 +597,8 @@ class Entry:
     """Attributes and how long the kernel may keep them (and the name, for a lookup)."""
 
     attributes: Attributes
-    timeout: float  # seconds, for the attributes and the name alike
+    timeout: float  # seconds, for the attributes (and the name, unless name_timeout)
+    name_timeout: float | None = None  # seconds, for the name alone
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -659,8 +660,10 @@ def _pack_attr(attr: Attributes) -> bytes:
 
 def _entry_out(entry: Entry) -> bytes:
     sec, nsec = _split(entry.timeout)
+    name = entry.timeout if entry.name_timeout is None else entry.name_timeout
+    name_sec, name_nsec = _split(name)
     attr = entry.attributes
-    return _ENTRY_HEAD.pack(attr.inode, 0, sec, sec, nsec, nsec) + _pack_attr(attr)
+    return _ENTRY_HEAD.pack(attr.inode, 0, name_sec, sec, name_nsec, nsec) + _pack_attr(attr)
 
 
 def _reply(unique: int, payload: bytes) -> bytes:

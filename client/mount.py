@@ -15,10 +15,13 @@ page cache with one short call into this process that the caller waits for
 flush. Any other open's ``close`` waits for the flush, which uploads what was
 written (close-to-open consistency).
 
-- Attributes and the name's entry are returned with a timeout of the lease's
-  remaining time (:meth:`Client.lease_remaining`: the local expiry, which already
-  has the skew taken off), 0 without a lease, for directories and for a file with
-  unflushed writes.
+- Attributes are returned with a timeout of the file lease's remaining time
+  (:meth:`Client.lease_remaining`: the local expiry, which already has the skew
+  taken off), 0 without a lease, for directories and for a file with unflushed
+  writes. A name (the entry of a lookup or of READDIRPLUS) is kept for the longer
+  of that and what is left of the lease on its directory's listing: another
+  client's change of the directory's names waits for our approval, which drops
+  them from the kernel first, and our own changes the kernel makes itself.
 - Pages: files are opened without ``direct_io`` (so ``mmap`` works), with
   ``keep_cache`` only when the client holds a lease on the very version the
   kernel's pages hold (``_paged``); otherwise the kernel drops its pages at open.
@@ -198,7 +201,7 @@ from fscache.errors import (
     TooLarge,
     Unauthorized,
 )
-from fscache.names import parent
+from fscache.names import dir_key, parent
 from fscache.paths import MAX_PATH_BYTES, MAX_SEGMENT_BYTES, normalize
 
 __all__ = ["FscacheOperations", "mount"]
@@ -495,9 +498,10 @@ class FscacheOperations:
                 if name == b"..":
                     path = parent(path)
                 st = await self._client.stat(path)
-            else:
-                st = await self._entry(self._child(parent_inode, name))
-            return self._attributes(self._remember(st.path), st)
+                return self._attributes(self._remember(st.path), st)
+            path = self._child(parent_inode, name)
+            st = await self._entry(path)
+            return self._named(self._remember(st.path), st, self._names_term(parent(path)))
 
     def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for inode, count in inode_list:
@@ -558,13 +562,29 @@ class FscacheOperations:
             if offset == 0:  # (re)start: list afresh
                 entries = await self._list(path)
                 self._listings[fh] = (path, entries)
-            return self._entries(entries, offset)
+            return self._entries(entries, offset, self._names_term(path))
 
-    def _entries(self, entries: list[tuple[str, StatResult]], offset: int) -> Iterator[DirEntry]:
+    def _entries(
+        self, entries: list[tuple[str, StatResult]], offset: int, names_term: float
+    ) -> Iterator[DirEntry]:
         for index in range(offset, len(entries)):
             name, st = entries[index]
-            entry = self._attributes(self._inode(st.path), st)
+            entry = self._named(self._inode(st.path), st, names_term)
             yield DirEntry(name.encode("utf-8"), entry, index + 1)
+
+    def _names_term(self, directory: str) -> float:
+        """How long the kernel may keep the names it has in ``directory``: what is left
+        of the lease on its listing. Another client's change of its names waits for
+        our approval, which drops them from the kernel first (:meth:`before_approval`);
+        our own changes the kernel makes itself. So a ``rm -rf`` of a listed directory
+        looks up no name again after each unlink (which drops our cached listing)."""
+        return self._client.lease_remaining(dir_key(directory))
+
+    def _named(self, inode: int, st: StatResult, names_term: float) -> Entry:
+        """The entry of a name: its attributes for their own term, the name itself for
+        the longer of that and the listing's."""
+        entry = self._attributes(inode, st)
+        return dataclasses.replace(entry, name_timeout=max(entry.timeout, names_term))
 
     def listed(self, entries: Sequence[DirEntry]) -> None:
         for item in entries:  # each is a lookup the kernel will forget

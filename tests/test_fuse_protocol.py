@@ -7,6 +7,7 @@ a layout mistake in the codec cannot cancel itself out in these tests.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import stat
 import struct
@@ -174,6 +175,13 @@ def test_an_entry_reply_carries_node_timeouts_and_attributes():
     assert atimensec == mtimensec == ctimensec == 123_456_789
     mode, nlink, uid, gid, rdev, blksize, flags = fields[15:]
     assert (mode, nlink, uid, gid, rdev, blksize, flags) == (0o100644, 1, 1000, 100, 0, 4096, 0)
+
+
+def test_a_name_may_be_kept_longer_than_its_attributes():
+    named = dataclasses.replace(FILE, timeout=0.0, name_timeout=9.5)
+    fields = struct.unpack_from(ENTRY_OUT, fp.reply_entry(7, named), 16)
+    entry_valid, attr_valid, entry_nsec, attr_nsec = fields[2:6]
+    assert (entry_valid, entry_nsec, attr_valid, attr_nsec) == (9, 500_000_000, 0, 0)
 
 
 def test_an_attr_reply_has_one_timeout_and_the_same_attributes():

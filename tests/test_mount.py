@@ -477,6 +477,19 @@ async def test_an_empty_file_made_here_is_one_write(mnt, other):
     assert await other.read("written") == b"data"
 
 
+async def test_removing_a_listed_tree_lists_it_once(mnt, other, root):
+    """The kernel keeps the names a leased listing gave it, so ``rm -rf`` unlinks
+    each without a lookup (each unlink drops our cached listing: a lookup would list
+    the directory again, once per name)."""
+    (root / "many").mkdir()  # made on disk: forty writes by a client would make the
+    for i in range(40):  # directory write-shared (term 0), and its listing unleased
+        (root / "many" / f"f{i:02d}").write_bytes(b"x")
+    before = (await other.server_stats())["listings"]
+    await on_mount(shutil.rmtree, mnt / "many")
+    assert (await other.server_stats())["listings"] - before <= 3
+    assert await other.listdir("") == []
+
+
 async def test_directories_live_on_the_server_with_posix_errnos(mnt, other):
     await on_mount(os.makedirs, mnt / "new" / "sub")
     assert await other.scandir("new") == [fscache.client.client.DirEntry("sub", True, 0, ANY)]
