@@ -84,7 +84,7 @@ from fscache.errors import (
     error_for_code,
 )
 from fscache.names import dir_key, parent
-from fscache.net import SocketWire, Wire, wire_for
+from fscache.net import SocketWire, Wire, shown_address, wire_for
 from fscache.paths import normalize
 from fscache.settings import (
     CHUNK_SIZE,
@@ -1878,7 +1878,7 @@ async def open_client(
             raise BadSetting(
                 f"bad host {host!r}: give the port apart, open_client({named!r}, {its_port})"
             )
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    address = shown_address(host, port)
     client = Client(
         opener or tcp_opener(host, port, ssl_context),
         client_id=client_id,

@@ -130,6 +130,7 @@ from fscache.cache import DirEntry
 from fscache.client.blocking import BlockingClient, connect
 from fscache.client.client import DEFAULT_PORT, Source, parse_address
 from fscache.errors import FscacheError
+from fscache.net import shown_address
 from fscache.paths import MAX_SEGMENT_BYTES
 from fscache.settings import CHUNK_SIZE
 
@@ -175,7 +176,7 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         }
         super().__init__(**kwargs)
         self.host, self.port = host, int(port)
-        self.netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.netloc = shown_address(host, port)
         self._client = self._connect()
         # fsspec calls _strip_protocol on the class too, before any instance exists
         # (only to strip); an instance's own also checks the server a URL names.

@@ -392,11 +392,6 @@ def _client_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _shown(host: str) -> str:
-    """``host`` as it goes before ``:PORT`` in an address (an IPv6 address in brackets)."""
-    return f"[{host}]" if ":" in host else host
-
-
 def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -408,6 +403,7 @@ def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.Argument
 def _serve(args: argparse.Namespace) -> int:
     import trio
 
+    from fscache.net import shown_address
     from fscache.server.logs import configure
     from fscache.server.metrics import serve_metrics
     from fscache.server.service import LIMITS, TIMEOUTS, ServerSettings, serve
@@ -439,7 +435,7 @@ def _serve(args: argparse.Namespace) -> int:
                     raise
             window = service.restart_window
             print(
-                f"fscache serving {root} on {_shown(service.host)}:{service.port}"
+                f"fscache serving {root} on {shown_address(service.host, service.port)}"
                 f" (term {args.term:g} s, skew {args.skew:g} s, epoch {service.epoch}"
                 f"{', TLS' if args.tls else ''})",
                 flush=True,
@@ -448,7 +444,7 @@ def _serve(args: argparse.Namespace) -> int:
                 print(f"restart window: writes held for {window:g} s", flush=True)
             if metrics is not None:
                 host, port = metrics
-                print(f"metrics at http://{_shown(host)}:{port}/metrics", flush=True)
+                print(f"metrics at http://{shown_address(host, port)}/metrics", flush=True)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
                     print(f"{signal.Signals(signum).name}: shutting down", flush=True)

@@ -131,6 +131,11 @@ class SocketWire:
             await trio.aclose_forcefully(self.stream)
 
 
+def shown_address(host: str, port: int) -> str:
+    """``HOST:PORT`` as people and ``parse_address`` read it: an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def wire_for(stream: trio.abc.Stream) -> Wire:
     """The fastest wire for ``stream``: :class:`SocketWire` for a plain TCP stream."""
     if type(stream) is trio.SocketStream:

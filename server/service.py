@@ -112,7 +112,7 @@ from fscache.leases import (
     TermPolicy,
     WriteCommitted,
 )
-from fscache.net import SocketWire, Wire, wire_for
+from fscache.net import SocketWire, Wire, shown_address, wire_for
 from fscache.paths import normalize, normalize_key
 from fscache.server.ephemeral import Nowhere, Ties
 from fscache.server.latency import Latencies
@@ -619,10 +619,10 @@ class FileService:
         try:
             listeners = await trio.open_tcp_listeners(s.port, host=s.host, backlog=LISTEN_BACKLOG)
         except OSError as exc:
-            raise FscacheError(f"cannot listen on {_shown(s.host)}:{s.port}: {exc}") from None
+            raise FscacheError(f"cannot listen on {shown_address(s.host, s.port)}: {exc}") from None
         except UnicodeError:  # the resolver's, for a name IDNA cannot encode ("a..b")
             raise FscacheError(
-                f"cannot listen on {_shown(s.host)}:{s.port}: bad host name"
+                f"cannot listen on {shown_address(s.host, s.port)}: bad host name"
             ) from None
         open_files = _raise_open_files_limit(s.max_connections)
         # One line at start, in the default log too: operators want the limits in force
@@ -1861,11 +1861,6 @@ def _identity(stream: trio.abc.Stream) -> str:
 
         return peer_identity(stream.getpeercert()) or ANONYMOUS
     return ANONYMOUS
-
-
-def _shown(host: str) -> str:
-    """``host`` as it goes before ``:PORT``: an IPv6 address in brackets."""
-    return f"[{host}]" if ":" in host else host
 
 
 def _is_loopback(listener: trio.SocketListener) -> bool:
