@@ -98,7 +98,7 @@ from fscache.settings import (
     check_duration,
     check_extent,
 )
-from fscache.tls import CredentialsRefused, is_auth_failure
+from fscache.tls import CredentialsRefused, is_auth_failure, ssl_error_in
 
 log = logging.getLogger("fscache.client")
 
@@ -245,7 +245,7 @@ class _TransportErrors:
                 ) from exc
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             reason = reason or "connection broken"
-            if self.starting and _ssl_failed(exc):
+            if self.starting and ssl_error_in(exc) is not None:
                 reason = (
                     f"TLS handshake failed ({_ssl_reason(exc)});"
                     " the server may not speak TLS (is it serving without --tls?)"
@@ -253,16 +253,6 @@ class _TransportErrors:
             elif self.plain_hint is not None:
                 reason = f"{reason}; {self.plain_hint}"
             raise client._unavailable(f"{self.doing}: {reason}") from exc
-
-
-def _ssl_failed(exc: BaseException) -> bool:
-    """Whether an SSL error is in ``exc``'s cause chain: TLS itself failed."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ssl.SSLError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 class _Link:
@@ -1702,13 +1692,11 @@ class Client:
 
 
 def _ssl_reason(exc: BaseException) -> str:
-    """The innermost SSL error's words (e.g. 'certificate verify failed')."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ssl.SSLError):
-            return str(getattr(seen, "verify_message", None) or seen.reason or seen)
-        seen = seen.__cause__ or seen.__context__
-    return str(exc)
+    """The SSL error's words (e.g. 'certificate verify failed'), else ``exc``'s."""
+    seen = ssl_error_in(exc)
+    if seen is None:
+        return str(exc)
+    return str(getattr(seen, "verify_message", None) or seen.reason or seen)
 
 
 def _cut(data: bytes, offset: int, length: int | None) -> bytes:

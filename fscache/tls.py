@@ -378,6 +378,12 @@ def peer_identity(cert: dict[str, Any] | None) -> str | None:
     return None
 
 
+def ssl_error_in(exc: BaseException) -> ssl.SSLError | None:
+    """The first :class:`ssl.SSLError` in ``exc``'s ``__cause__``/``__context__`` chain
+    (trio wraps TLS failures in its stream errors), or None."""
+    return next((cur for cur in _chain(exc) if isinstance(cur, ssl.SSLError)), None)
+
+
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     todo: list[BaseException] = [exc]
