@@ -709,9 +709,11 @@ class FscacheOperations:
     async def _parent_is_a_directory(self, path: str) -> None:
         """A write makes missing parents on the server; a name made here must not: a
         directory another client removed or renamed (a shell's stale working
-        directory) would come back. From the leased listing or stat, mostly cached."""
+        directory) would come back. Looked up as the kernel's lookups are
+        (:meth:`_entry`: from the leased listing above it, which our own creates in
+        the directory leave alone), so mostly without a round trip."""
         above = parent(path)
-        if above and not (await self._client.stat(above)).is_dir:
+        if above and not (await self._entry(above)).is_dir:
             raise FuseError(errno.ENOTDIR)
 
     async def read(self, inode: int, fh: int, off: int, size: int) -> bytes:
