@@ -242,30 +242,28 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
             st = self.client.stat(path)
         return _info(path, st.is_dir, st.size, st.version)
 
-    def exists(self, path: str, **kwargs: Any) -> bool:
-        """Whether ``path`` exists: False only for a path that is missing (or below
-        a file). Any other error (the server out of reach, access refused) is
-        raised: it says nothing about the path."""
+    def _info_if_there(self, path: str) -> Info | None:
+        """``info(path)``, or None for a path that is missing (or below a file). Any
+        other error (the server out of reach, access refused) is raised: it says
+        nothing about the path."""
         try:
-            self.info(path)
+            return self.info(path)
         except (FileNotFoundError, NotADirectoryError):
-            return False
-        return True
+            return None
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        """Whether ``path`` exists (errors: :meth:`_info_if_there`)."""
+        return self._info_if_there(path) is not None
 
     def isdir(self, path: str) -> bool:
-        """Whether ``path`` is a directory; as for :meth:`exists`, an error that says
-        nothing about the path (the server out of reach) is raised, not False."""
-        try:
-            return bool(self.info(path)["type"] == "directory")
-        except (FileNotFoundError, NotADirectoryError):
-            return False
+        """Whether ``path`` is a directory (errors: :meth:`_info_if_there`)."""
+        info = self._info_if_there(path)
+        return info is not None and info["type"] == "directory"
 
     def isfile(self, path: str) -> bool:
-        """Whether ``path`` is a file (errors: as :meth:`isdir`)."""
-        try:
-            return bool(self.info(path)["type"] == "file")
-        except (FileNotFoundError, NotADirectoryError):
-            return False
+        """Whether ``path`` is a file (errors: :meth:`_info_if_there`)."""
+        info = self._info_if_there(path)
+        return info is not None and info["type"] == "file"
 
     def modified(self, path: str) -> datetime.datetime:
         """When ``path`` last changed, in UTC: its version, which is its
