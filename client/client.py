@@ -171,27 +171,53 @@ class StatResult:
     is_dir: bool
 
 
-@dataclasses.dataclass(eq=False, slots=True)
 class _Request:
     """One request waiting for its reply; the reader fills in ``reply`` or ``error``
-    and sets ``done``."""
+    and calls :meth:`finish`.
 
-    path: str = ""
-    message: p.Message | None = None  # built with its id as it is sent (not for reads)
-    sent_at: float = 0.0
-    have: int | None = None  # a revalidating read: the version it names ...
-    data: bytes = b""  # ... and the cached data of that version
-    entries: tuple[DirEntry, ...] = ()  # (a revalidating scandir: the cached listing)
-    # A later page of a listing: the entries of the pages before it, and their version.
-    earlier: Sequence[DirEntry] = ()
-    earlier_version: int | None = None
-    page: tuple[DirEntry, ...] = ()  # an Entries reply's rows, made once by the reader
-    size: int = 0  # (a revalidating chunk read: the file's size at that version)
-    scan: bool = False  # a chunk read by a streaming copy (see the cache's Scans)
-    id: int = 0
-    reply: p.Message | None = None
-    error: BaseException | None = None
-    done: trio.Event = dataclasses.field(default_factory=trio.Event)
+    Most requests are waited for by their own sender reading the connection
+    (:class:`_ReadTurn`), which looks at ``done``; only a task that waits while
+    another reads (:meth:`wait`) needs an event, so one is made for it alone: a
+    miss makes none."""
+
+    __slots__ = (
+        "_finished", "data", "done", "earlier", "earlier_version", "entries", "error",
+        "have", "id", "message", "page", "path", "reply", "scan", "sent_at", "size",
+    )  # fmt: skip
+
+    def __init__(self, path: str = "", *, scan: bool = False) -> None:
+        self.path = path
+        self.scan = scan  # a chunk read by a streaming copy (see the cache's Scans)
+        self.message: p.Message | None = None  # built with its id as it is sent (not reads)
+        self.id = 0
+        self.sent_at = 0.0
+        self.have: int | None = None  # a revalidating read: the version it names ...
+        self.data = b""  # ... and the cached data of that version
+        self.entries: tuple[DirEntry, ...] = ()  # (a revalidating scandir: the listing)
+        # A later page of a listing: the entries of the pages before it, and their version.
+        self.earlier: Sequence[DirEntry] = ()
+        self.earlier_version: int | None = None
+        self.page: tuple[DirEntry, ...] = ()  # an Entries reply's rows, made by the reader
+        self.size = 0  # (a revalidating chunk read: the file's size at that version)
+        self.reply: p.Message | None = None
+        self.error: BaseException | None = None
+        self.done = False
+        self._finished: trio.Event | None = None  # made by the first wait()
+
+    def finish(self) -> None:
+        """The reply (or error) is in: wake whoever waits."""
+        self.done = True
+        if self._finished is not None:
+            self._finished.set()
+
+    async def wait(self) -> None:
+        """Until :meth:`finish` (a checkpoint, as ``trio.Event.wait`` is)."""
+        if self.done:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._finished is None:
+            self._finished = trio.Event()
+        await self._finished.wait()
 
 
 TRANSPORT_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
@@ -987,7 +1013,7 @@ class Client:
         shared = self._inflight.get(path)
         if shared is not None:
             self._counters.reads_shared += 1
-            await shared.done.wait()
+            await shared.wait()
             if shared.error is None or isinstance(shared.error, FscacheError):
                 return self._read_result(shared)
             return await self._read_whole(path)  # its sender was cancelled: ask ourselves
@@ -1003,9 +1029,9 @@ class Client:
             have = request.have
             await self._send_request(link, request, lambda i: p.read_frame(i, path, have))
         except BaseException as exc:
-            if not request.done.is_set():
+            if not request.done:
                 request.error = exc
-                request.done.set()
+                request.finish()
             raise
         finally:
             if self._inflight.get(path) is request:
@@ -1261,12 +1287,12 @@ class Client:
         for it if no other request does (:class:`_ReadTurn`); raise the server's error."""
         try:
             turn = link.turn
-            if turn is None or request.done.is_set() or not turn.claim():
-                await request.done.wait()
+            if turn is None or request.done or not turn.claim():
+                await request.wait()
             else:
                 await self._read_for(link, turn, request)
-                if not request.done.is_set():  # the claimant stopped: the reader task reads
-                    await request.done.wait()
+                if not request.done:  # the claimant stopped: the reader task reads
+                    await request.wait()
         finally:
             link.waiting.pop(request.id, None)
         if request.error is not None:
@@ -1298,7 +1324,7 @@ class Client:
         ends the connection with it). At EOF the reader task meets the EOF itself."""
         failed: Exception | None = None
         try:
-            while not request.done.is_set():
+            while not request.done:
                 data = await link.wire.receive()
                 if not data:
                     return
@@ -1365,7 +1391,7 @@ class Client:
             else:
                 request.reply = message
                 self._apply_reply(request, message)
-            request.done.set()
+            request.finish()
         if not link.waiting:
             self._relinquished.clear()  # every later request is newer than these
 
@@ -1653,9 +1679,9 @@ class Client:
         if self._link is link:
             self._link = None
         for request in list(link.waiting.values()):
-            if not request.done.is_set():
+            if not request.done:
                 request.error = self._unavailable("connection lost before the reply")
-                request.done.set()
+                request.finish()
         link.waiting.clear()
 
     async def _current_link(self) -> _Link:

@@ -236,7 +236,7 @@ async def _acquire_on(
         link, lambda i: p.Acquire(id=i, name=name, ttl=ttl, identity=identity, wait=wait), name
     )
     try:
-        await request.done.wait()
+        await request.wait()
         # The server's error, if it sent one. A checkpoint: a cancellation that comes
         # here, with the grant in, must give it back too.
         await client._finish(link, request)
@@ -296,7 +296,7 @@ async def _give_up(client: Client, link: _Link, request: _Request, name: str) ->
     """Stop waiting for an acquire; release the lock if its grant came first."""
     try:
         with trio.move_on_after(RELEASE_WAIT), contextlib.suppress(FscacheError):
-            if not request.done.is_set():
+            if not request.done:
                 await client._call(link, lambda i: p.Release(id=i, name=name, token=0))
             if isinstance(request.reply, p.LockGranted):
                 token = request.reply.token

@@ -82,6 +82,7 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict, deque
 from collections.abc import Sequence
+from typing import NamedTuple
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 SCAN_SHARE = 4
@@ -97,8 +98,12 @@ def _chunk_key(path: str, index: int) -> str:
     return f"{path}{_CHUNK_MARK}{index}"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
+    """A cached file, or a piece of one of its chunks: replaced whole, never changed
+    (the blocking client reads entries on its caller's thread). A named tuple because
+    one is made on every miss, and a tuple is made in a third of a frozen dataclass's
+    time."""
+
     data: bytes
     version: int
     expiry: float  # local monotonic time until which the lease is trusted
@@ -234,7 +239,7 @@ class LeaseCache:
             self.drop(path)
             return False
         if expiry > entry.expiry:
-            self.entries[path] = dataclasses.replace(entry, expiry=expiry)
+            self.entries[path] = entry._replace(expiry=expiry)
         return True
 
     def drop(self, path: str) -> bool:
