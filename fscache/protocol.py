@@ -1030,6 +1030,8 @@ _NULL_BYTE = _BYTE[_NULL]
 _K_HAVE_NULL = _K_HAVE + _NULL_BYTE
 _K_HAVE_UINT64 = _K_HAVE + _BYTE[_UINT64]
 _VERSION_AND_TERM = struct.Struct(f">{len(_K_VERSION)}sBQ{len(_K_TERM)}sBd")
+_pack_version_and_term = _VERSION_AND_TERM.pack
+_UINT32_LIMIT = 2**32  # from here on, an unsigned integer takes the eight-byte form
 
 
 def _pull_version_and_term(b: bytes, pos: int) -> tuple[int, float, int]:
@@ -1044,6 +1046,19 @@ def _pull_version_and_term(b: bytes, pos: int) -> tuple[int, float, int]:
     ):
         raise _Unrecognised
     return version, term, pos + _VERSION_AND_TERM.size
+
+
+def _push_version_and_term(version: int, term: float) -> bytes:
+    """The version and the term as cbor2 writes them after their keys: in one struct
+    call when they have the form above, else item by item."""
+    if (
+        type(version) is int
+        and _UINT32_LIMIT <= version < _UINT_LIMIT
+        and type(term) is float
+        and _isfinite(term)
+    ):
+        return _pack_version_and_term(_K_VERSION, _UINT64, version, _K_TERM, _FLOAT64, term)
+    return b"".join((_K_VERSION, _push_head(_UINT, version), _K_TERM, _push_float(term)))
 
 
 _READ = _prefix(Read)
@@ -1094,8 +1109,8 @@ def data_frame(id: int, version: int, term: float, data: bytes) -> bytes:
         if type(data) is not bytes:
             raise _Unrecognised
         payload = b"".join((
-            _DATA, _K_ID, _push_head(_UINT, id), _K_VERSION, _push_head(_UINT, version),
-            _K_TERM, _push_float(term), _K_DATA, _push_head(_BYTES, len(data)), data,
+            _DATA, _K_ID, _push_head(_UINT, id), _push_version_and_term(version, term),
+            _K_DATA, _push_head(_BYTES, len(data)), data,
         ))  # fmt: skip
     except _Unrecognised:
         return _encode_generic(Data(id, version, term, data))
@@ -1122,7 +1137,7 @@ def _version_frame(prefix: bytes, message: NotModified | Written) -> bytes:
     try:
         payload = b"".join((
             prefix, _K_ID, _push_head(_UINT, message.id),
-            _K_VERSION, _push_head(_UINT, message.version), _K_TERM, _push_float(message.term),
+            _push_version_and_term(message.version, message.term),
         ))  # fmt: skip
     except _Unrecognised:
         return _encode_generic(message)
