@@ -225,6 +225,8 @@ MOUNT_CACHE_BYTES = 16 << 20  # the client's cache under a mount (the kernel has
 DIRTY_BOUND = 8 << 20  # bytes written in place that are sent before the close
 CAPACITY_TTL = 1.0  # s: statfs answers with the server's disk figures at most this old
 UNMOUNT_WRITE_BACK = 30.0  # s: how long the way out waits for open files' unsent writes
+DOT, DOT_DOT = b".", b".."  # the names every listing begins with
+DOTS = 2
 
 
 @contextlib.contextmanager
@@ -493,9 +495,9 @@ class FscacheOperations:
 
     async def lookup(self, parent_inode: int, name: bytes) -> Entry:
         with _errno_replies():
-            if name in (b".", b".."):
+            if name in (DOT, DOT_DOT):
                 path = self._path(parent_inode)
-                if name == b"..":
+                if name == DOT_DOT:
                     path = parent(path)
                 st = await self._client.stat(path)
                 return self._attributes(self._remember(st.path), st)
@@ -562,15 +564,27 @@ class FscacheOperations:
             if offset == 0:  # (re)start: list afresh
                 entries = await self._list(path)
                 self._listings[fh] = (path, entries)
-            return self._entries(entries, offset, self._names_term(path))
+            return self._entries(path, inode, entries, offset, self._names_term(path))
 
     def _entries(
-        self, entries: list[tuple[str, StatResult]], offset: int, names_term: float
+        self,
+        path: str,
+        inode: int,
+        entries: list[tuple[str, StatResult]],
+        offset: int,
+        names_term: float,
     ) -> Iterator[DirEntry]:
-        for index in range(offset, len(entries)):
+        """``.`` and ``..`` first, as every directory lists them, then the listing; an
+        entry's ``offset`` is its place in that whole sequence, counted from 1."""
+        up = self._inode_of.get(parent(path), ROOT_INODE) if path else ROOT_INODE
+        for index, (name, dot) in enumerate(((DOT, inode), (DOT_DOT, up))):
+            if index >= offset:  # (the kernel takes no lookup of these: see listed)
+                yield DirEntry(name, Entry(_directory_attributes(dot, self._uid, self._gid), 0.0),
+                               index + 1)  # fmt: skip
+        for index in range(max(offset - DOTS, 0), len(entries)):
             name, st = entries[index]
             entry = self._named(self._inode(st.path), st, names_term)
-            yield DirEntry(name.encode("utf-8"), entry, index + 1)
+            yield DirEntry(name.encode("utf-8"), entry, DOTS + index + 1)
 
     def _names_term(self, directory: str) -> float:
         """How long the kernel may keep the names it has in ``directory``: what is left
@@ -587,8 +601,9 @@ class FscacheOperations:
         return dataclasses.replace(entry, name_timeout=max(entry.timeout, names_term))
 
     def listed(self, entries: Sequence[DirEntry]) -> None:
-        for item in entries:  # each is a lookup the kernel will forget
-            self._lookups[item.entry.attributes.inode] += 1
+        for item in entries:  # each is a lookup the kernel will forget, but the dots:
+            if item.name not in (DOT, DOT_DOT):  # the kernel makes no entry of them
+                self._lookups[item.entry.attributes.inode] += 1
 
     async def _list(self, path: str) -> list[tuple[str, StatResult]]:
         """The leased listing of ``path``: each file as this mount knows it, else as
@@ -997,3 +1012,12 @@ def _capacity(stats: dict[str, object], block_size: int) -> Capacity:
 
 
 _COUNT_LIMIT = 2**64 - 1  # STATFS's fields are 64 bits wide
+
+
+def _directory_attributes(inode: int, uid: int, gid: int) -> Attributes:
+    """A directory's attributes as a listing's ``.`` or ``..`` shows them: the kernel
+    takes only the inode number and the type from these."""
+    return Attributes(
+        inode=inode, mode=stat.S_IFDIR | 0o755, size=0, mtime_ns=0, nlink=2, uid=uid, gid=gid,
+        blksize=BLOCK_SIZE,
+    )  # fmt: skip

@@ -312,6 +312,29 @@ async def test_ls_stat_unlink_and_enoent(mnt, other):
     assert await on_mount(os.listdir, mnt) == ["docs"]
 
 
+async def test_a_listing_begins_with_dot_and_dot_dot(mnt, other):
+    """``ls -a`` shows ``.`` and ``..`` with their directories' inode numbers, and a
+    listing read in several READDIRPLUS calls (a small buffer: many names) skips
+    and repeats none."""
+    names = [f"n{i:03d}-{'x' * 60}" for i in range(300)]
+    for name in names:
+        await other.write(f"big/{name}", b"")
+
+    def ls_a(path: Path) -> list[tuple[int, str]]:
+        out = subprocess.run(["ls", "-a1i", "-U", str(path)], check=True, capture_output=True)
+        return [(int(ino), name) for ino, name in (line.split(maxsplit=1) for line in
+                out.stdout.decode().splitlines())]  # fmt: skip
+
+    listed = await on_mount(ls_a, mnt / "big")
+    assert [name for _, name in listed[:2]] == [".", ".."]
+    assert listed[0][0] == (await on_mount(os.stat, mnt / "big")).st_ino
+    assert listed[1][0] == (await on_mount(os.stat, mnt)).st_ino
+    assert sorted(name for _, name in listed[2:]) == names
+    assert [name for _, name in await on_mount(ls_a, mnt)] == [".", "..", "big"]
+    await on_mount(shutil.rmtree, mnt / "big")  # the dots took no lookups to forget
+    assert await on_mount(os.listdir, mnt) == []
+
+
 async def test_df_shows_the_disk_that_holds_the_servers_root(mnt, other, root):
     disk = os.statvfs(root)
     stats = await other.server_stats()
