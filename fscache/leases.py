@@ -463,17 +463,21 @@ class LeaseTable:
         if footprint.subtrees:
             self._subtree_writes.append(write)
         effects += self._advance(keys, now)
-        if not any(isinstance(e, ApplyWrite) and e.op == op for e in effects):
+        if op not in self._applying:  # not applied on arrival
             self.writes_delayed += 1
         return effects
 
     def approve(self, holder: HolderId, key: str, write: OpId, now: float) -> list[Effect]:
         """``holder`` dropped ``key`` for write ``write``. Stale approvals are ignored."""
         started = self._started.get(key)
-        if started is None or started.op != write or (key, holder) not in started.waiting_on:
+        if started is None or started.op != write:
+            return []
+        waiting_on = started.waiting_on
+        if waiting_on.pop((key, holder), None) is None:
             return []
         self._end_lease(key, holder)
-        del started.waiting_on[(key, holder)]
+        if waiting_on:  # others have yet to approve
+            return []
         return self._try_apply(started, now)
 
     def relinquish(self, holder: HolderId, keys: Iterable[str], now: float) -> list[Effect]:
@@ -683,13 +687,15 @@ class LeaseTable:
             head.started.add(key)
             self._started[key] = head
             started[head] = None
-            for holder, expiry in self.holders(key, now).items():
-                if holder != head.holder:
-                    dead_by = expiry + self.skew
-                    head.waiting_on[(key, holder)] = dead_by
-                    heapq.heappush(head.waits, (dead_by, key, holder))
+            before = len(effects)
+            skew, waiting_on, waits = self.skew, head.waiting_on, head.waits
+            for mine, expiry in self._leases_on(key):  # its live holders but the writer
+                dead_by = expiry + skew
+                if now < dead_by and (holder := mine.id) != head.holder:
+                    waiting_on[(key, holder)] = dead_by
+                    heapq.heappush(waits, (dead_by, key, holder))
                     effects.append(SendApprovalRequest(holder, key, head.op))
-                    self.approvals_sent += 1
+            self.approvals_sent += len(effects) - before
         for write in started:
             if len(write.started) == len(write.keys):  # heads every queue: drop whom
                 self._wait_out(write, now)  # it asked on the way and who are dead now
