@@ -56,8 +56,11 @@ _already_normal = _ALREADY_NORMAL.fullmatch
 def normalize_key(key: object) -> str:
     """The normal form of a lease key: a file's path, or a directory's path and a ``/``
     (``docs/``; the root's is ``/``), which stands for the directory's listing."""
-    if type(key) is str and key.endswith("/"):
-        return normalize(key[:-1], allow_root=True) + "/"
+    if type(key) is str:
+        if len(key) <= MAX_PATH_BYTES and _already_normal(key):  # a file's, as in normalize
+            return key
+        if key.endswith("/"):
+            return normalize(key[:-1], allow_root=True) + "/"
     return normalize(key)
 
 
