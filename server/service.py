@@ -346,14 +346,13 @@ class Outbox:
         """Queue ``frame`` as :meth:`put` does, but write it now from the calling task
         when nothing is queued or being sent and the socket takes it whole: a write
         that asks thousands of holders to approve wakes no sender task for each."""
-        busy = self.closed or self.batching or self._sending or bool(self._frames)
-        if busy or self._send_now is None:
+        if self._frames or self._sending or self.batching or self.closed or self._send_now is None:
             return self.put(frame)
         try:
             sent = self._send_now(frame)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             sent = 0  # the sender task meets the error and ends the connection
-        return True if sent == len(frame) else self.put(frame[sent:])
+        return sent == len(frame) or self.put(frame[sent:])
 
     def wake_sender(self) -> None:
         """Start a sender task if frames wait and none runs."""
@@ -1534,22 +1533,23 @@ class FileService:
 
     # ------------------------------------------------------------ effects
     def _execute(self, effects: list[Effect]) -> None:
-        asking: tuple[str, OpId, bytes] | None = None  # one write's request, encoded once
+        asked: tuple[str, OpId] | None = None  # (key, write) of ``frame``: encoded once
+        frame = b""
         for effect in effects:
-            if isinstance(effect, Grant):
+            if isinstance(effect, SendApprovalRequest):  # first: a write's are many
+                connection = self.connections.get(effect.holder)
+                if connection is not None:
+                    if (effect.path, effect.write) != asked:
+                        asked = (effect.path, effect.write)
+                        frame = p.encode(p.ApprovalRequest(path=effect.path, write=effect.write))
+                    connection.send_frame(frame, push=True)
+            elif isinstance(effect, Grant):
                 pending = self._release(effect.op)
                 assert pending is not None
                 request = pending.request
                 assert isinstance(request, _LeasedRead)
                 self._serve_granted(pending.connection, request, effect.path, effect.term)
                 self.latency.read.observe(trio.current_time() - pending.arrived)
-            elif isinstance(effect, SendApprovalRequest):
-                connection = self.connections.get(effect.holder)
-                if connection is not None:
-                    if asking is None or asking[:2] != (effect.path, effect.write):
-                        ask = p.ApprovalRequest(path=effect.path, write=effect.write)
-                        asking = (effect.path, effect.write, p.encode(ask))
-                    connection.send_frame(asking[2], push=True)
             elif isinstance(effect, ApplyWrite):
                 delay = trio.current_time() - self._pending[effect.op].arrived
                 self.latency.write_delay.observe(delay)
