@@ -1481,11 +1481,14 @@ class FileService:
     def _on_approve(self, connection: Connection, message: p.Approve) -> None:
         self.counters.approvals_received += 1
         key = normalize_key(message.path)
-        effects = self.table.approve(
-            connection.holder, key, OpId(message.write), trio.current_time()
-        )
-        if effects:  # else the next deadline can only be later: the receive loop looks
+        now = trio.current_time()
+        effects = self.table.approve(connection.holder, key, OpId(message.write), now)
+        # An approval that applies nothing ends a wait, which moves no deadline earlier,
+        # except in the restart window: its write may now wait for the window's end alone.
+        if effects:
             self._execute(effects)
+        elif now < self.table.hold_writes_until:
+            self._deadline_may_have_moved()
 
     def _on_stats(self, connection: Connection, message: p.GetStats) -> None:
         self.counters.stats_requests += 1

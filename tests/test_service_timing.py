@@ -261,6 +261,26 @@ async def test_a_restarted_server_holds_writes_but_not_reads_for_term_plus_skew(
         assert trio.current_time() == at(start + TERM + SKEW)
 
 
+async def test_a_write_approved_inside_the_restart_window_is_applied_at_its_end(
+    nursery, root, autojump_clock
+):
+    first = Cluster(nursery, root, term=TERM, skew=SKEW)
+    await first.start()
+    await seed(first)
+    second = Cluster(nursery, root, term=TERM, skew=SKEW)  # after a crash: a window
+    start = trio.current_time()
+    await second.start()
+    reader, writer = await second.raw("reader"), await second.raw("writer")
+    await trio.sleep(2.0)
+    assert isinstance(await reader.read("f"), p.Data)  # a lease that outlives the window
+    await writer.send(p.Write(id=1, path="f", data=b"v2"))
+    request = await reader.receive()
+    assert isinstance(request, p.ApprovalRequest)
+    await reader.send(p.Approve(path=request.path, write=request.write))  # nothing else is sent
+    assert isinstance(await writer.receive(), p.Written)
+    assert trio.current_time() == at(start + TERM + SKEW)
+
+
 async def test_a_cleanly_stopped_server_needs_no_restart_window(nursery, root, autojump_clock):
     first = Cluster(nursery, root, term=TERM, skew=SKEW)
     service = await first.start()
