@@ -577,10 +577,10 @@ class FscacheOperations:
         """``.`` and ``..`` first, as every directory lists them, then the listing; an
         entry's ``offset`` is its place in that whole sequence, counted from 1."""
         up = self._inode_of.get(parent(path), ROOT_INODE) if path else ROOT_INODE
-        for index, (name, dot) in enumerate(((DOT, inode), (DOT_DOT, up))):
+        for index, (dot, dot_inode) in enumerate(((DOT, inode), (DOT_DOT, up))):
             if index >= offset:  # (the kernel takes no lookup of these: see listed)
-                yield DirEntry(name, Entry(_directory_attributes(dot, self._uid, self._gid), 0.0),
-                               index + 1)  # fmt: skip
+                attributes = _directory_attributes(dot_inode, self._uid, self._gid)
+                yield DirEntry(dot, Entry(attributes, 0.0), index + 1)
         for index in range(max(offset - DOTS, 0), len(entries)):
             name, st = entries[index]
             entry = self._named(self._inode(st.path), st, names_term)
