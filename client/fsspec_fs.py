@@ -11,8 +11,9 @@ Theory of operation
 Names.  As fsspec's conventions say: paths without the protocol and without
 leading or trailing ``/`` (``"docs/a.txt"``; the root is ``""``), and every
 listing entry is a dict with ``name``, ``size``, ``type`` (``"file"`` or
-``"directory"``), the entry's fscache ``version`` and ``mtime`` (the version, a
-file's ``st_mtime_ns`` on the server, in seconds: what LocalFileSystem gives).
+``"directory"``), the entry's fscache ``version`` and ``mtime`` (the version, the
+later of the file's mtime and ctime on the server, in seconds: close to what
+LocalFileSystem gives).
 A URL names its server (``fscache://host:port/path``); an instance refuses
 (``ValueError``) a URL that names another server than its own, as written (so
 ``localhost`` is not ``127.0.0.1``), and :meth:`FscacheFileSystem.unstrip_protocol`
@@ -57,7 +58,7 @@ the file's lease.  An open file is pinned to the version it was opened at: after
 each ranged fetch it checks the file's ``stat`` (no request while the file is leased,
 which the fetch has just made it) and raises :class:`FileExpired` if the version
 has changed or the file is gone, so its reads never mix two versions.  Versions
-are the files' ``st_mtime_ns`` and only increase, so a version seen after a fetch
+are times in ns from the files' inodes and only increase, so a version seen after a fetch
 that matches the one at open means the fetch read that version.  (A file set back
 in time behind the server's back, by ``touch -d`` say, could defeat that.)
 ``cat_file(path, start, end)`` is one ranged read, of one version, and needs no
@@ -266,8 +267,8 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         return info is not None and info["type"] == "file"
 
     def modified(self, path: str) -> datetime.datetime:
-        """When ``path`` last changed, in UTC: its version, which is its
-        ``st_mtime_ns`` on the server (to the microsecond)."""
+        """When ``path`` last changed, in UTC: its version, the later of its
+        mtime and ctime on the server (to the microsecond)."""
         return _EPOCH + datetime.timedelta(microseconds=self.info(path)["version"] // 1000)
 
     def created(self, path: str) -> datetime.datetime:

@@ -42,7 +42,7 @@ they write exactly cbor2's bytes, and decode to exactly what the generic path de
 A writer given a value outside its layout (a negative or huge integer, a bool, a term
 that is an int or not finite, text that is not UTF-8) hands the message to the generic
 path. A reader takes the layout its writer writes for the values the service sends (a
-version is a file's st_mtime_ns: an 8-byte integer), and for anything else it does not
+version is a file's mtime or ctime in ns: an 8-byte integer), and for anything else it does not
 recognise (another key order, an optional field left out, a small version, a
 half-precision float, a tag ...) raises :class:`_Unrecognised`: the generic path then
 decodes the frame or makes the error. The tests hold both to cbor2 and to the generic
@@ -1018,10 +1018,10 @@ def _pull_head(b: bytes, pos: int, key: bytes, major: int) -> tuple[int, int]:
 # caller looked it up by that) and ends with its last field; a slice past the end of a
 # short payload is short, and then pos != len(b) refuses it.
 #
-# A version is a file's st_mtime_ns, which cbor2 writes as an 8-byte integer: the
-# readers take a version in that form only, and with the term after it (a double) in
-# one struct call. Another form (a version below 2**32, a term of another precision or
-# an int) is the generic path's to decode.
+# A version is a time in ns (a file's mtime or ctime), which cbor2 writes as an
+# 8-byte integer: the readers take a version in that form only, and with the term
+# after it (a double) in one struct call. Another form (a version below 2**32, a
+# term of another precision or an int) is the generic path's to decode.
 _K_ID, _K_PATH, _K_HAVE, _K_VERSION, _K_TERM, _K_DATA = map(
     _push_text, ("id", "path", "have", "version", "term", "data")
 )
@@ -1250,7 +1250,7 @@ def _pull_entries(last: bool, b: bytes) -> Entries:
 
 def _pull_uints(b: bytes, pos: int, key: bytes) -> tuple[list[int], int]:
     """After ``key`` at ``pos``, an array of unsigned integers: its items, and the
-    position after it. A column of versions (st_mtime_ns) is all eight-byte integers:
+    position after it. A column of versions (times in ns) is all eight-byte integers:
     then one ``struct`` call reads them all (a tenth of the loop's time)."""
     count, pos = _pull_head(b, pos, key, _ARRAY)
     end = pos + 9 * count

@@ -4,8 +4,9 @@ Theory of operation
 ===================
 
 Layout.  The file ``a/b`` lives at ``<root>/a/b`` and holds exactly its contents:
-no side files, no database.  Its version is the file's own ``st_mtime_ns``, so data
-and version live in one inode and can never disagree.  The store's private files
+no side files, no database.  Its version is read from the file's own inode (the
+later of ``st_mtime_ns`` and ``st_ctime_ns``: see Versions), so data and version
+live in one inode and can never disagree.  The store's private files
 use names starting with :data:`fscache.paths.RESERVED_PREFIX`, which clients can
 never name; :meth:`Store.listdir` and :meth:`Store.scandir` hide them.  The server
 keeps its own small files (:meth:`Store.save_state`) in the directory of that very
@@ -112,8 +113,12 @@ more than about a millisecond at a time.
 Reads.  :meth:`Store.read` is open, fstat, read on one file descriptor.  The
 descriptor pins one inode, and ``write`` never writes an inode after its rename
 (in-place writes are kept apart by the lease rules: see In-place writes), so the
-version (``fstat().st_mtime_ns``) and the data always belong together, even if a
-write replaces the file mid-read.  No lock, no thread: it is the server's hot path.
+version (from the same ``fstat``) and the data always belong together, even if a
+write replaces the file mid-read -- with one catch: replacing or deleting a file
+moves the old inode's ctime, so an ``fstat`` that comes after it would give the old
+bytes a new version (one the new file may have).  Such an inode has no link left
+(``st_nlink`` 0), and the read opens the path again.  A renamed file's moved ctime
+raises its old path's floor (see Versions).  No lock, no thread: it is the server's hot path.
 The open is one ``openat2`` confined by the kernel to the root with no symlink on
 the way (Linux 5.6+; see Confinement), with ``O_NOATIME`` where the kernel allows it (no
 inode write per read).  Closing the descriptor and filling the content cache wait
@@ -121,8 +126,8 @@ for :meth:`Store.settle`, which the server calls once the reply is on its way.
 
 Content cache.  Files read again and again are served from memory, validated by
 one ``lstat`` per read: an entry holds the data and the key ``(st_dev, st_ino,
-st_size, st_mtime_ns, st_ctime_ns)`` of the inode it was read from (the mtime is
-the version); a read whose ``lstat`` of ``root/path`` finds a regular file with that exact
+st_size, st_mtime_ns, st_ctime_ns)`` of the inode it was read from (the version
+is the later time); a read whose ``lstat`` of ``root/path`` finds a regular file with that exact
 key returns the entry, anything else (an error, another inode, a symlink, any
 changed field) drops it and reads the file as above.  The key catches every
 change: a write by anyone replaces the inode (new ``st_ino``) or edits it in place,
@@ -163,18 +168,24 @@ one compare of packed keys; all changes to the cache (filling, dropping, and the
 store's own changes dropping what they replaced, only to free memory sooner)
 take a lock that a hit never touches.
 
-Versions.  A write sets the new file's mtime to
-``max(time.time_ns(), old + 1, floor + 1)``, where ``old`` is the version being
+Versions.  A file's version is the later of its mtime and its ctime, in
+nanoseconds.  The mtime is what the store sets: a write stamps the new file's mtime
+to ``max(time.time_ns(), old + 1, floor + 1)``, where ``old`` is the version being
 replaced (0 if none) and ``floor`` is the last version of the path if this store
-deleted it (kept in memory, per path).  So versions strictly increase per path
-across writes, across delete-and-recreate, and across restarts (the version is in
-the inode), and a version never names two different contents of one path.  On a
-file system with coarse timestamps the store reads the stamp back and moves it
-forward until it really is larger than ``old`` and ``floor``.  Limits:
+deleted it (kept in memory, per path).  On a file system with coarse timestamps
+the store reads the stamp back and moves it forward until it really is larger than
+``old`` and ``floor``.  The ctime is the kernel's: no program can set it, and
+every change of the inode moves it to "now" -- new bytes, ``utime`` itself, a
+rename of the file.  So the version is read back after the store's last change to
+the inode (for a write, after the rename), and:
 
-* A file created, edited or replaced by another program simply gets a new version
-  (the kernel sets its mtime to "now").  A program that *sets* mtimes (``touch -d``,
-  ``cp -p``, ``rsync -t``, ``tar -x``) can make a version go backwards or repeat.
+* versions strictly increase per path across writes, across delete-and-recreate,
+  and across restarts (both times are in the inode); a version never names two
+  different contents of one path;
+* a file created, edited or replaced by another program gets a new version, even
+  one that *sets* the mtime (``touch -d``, ``cp -p``, ``rsync -t``, ``tar -x``):
+  the ctime moves all the same.  So do a ``chmod`` and a new hard link, which only
+  cost the caches one read.
 * ``floor`` is not persisted: delete, restart, then recreate may reuse an old
   version only if the wall clock now reads earlier than the deleted version did.
   The same holds for floors dropped from memory (see ``_FLOOR_KEEP_NS``).
@@ -298,6 +309,7 @@ _FLOOR_KEEP_NS = 3600 * 10**9
 """Floors older than this (by the wall clock) may be dropped once there are many."""
 _FLOOR_PRUNE_MIN = 10_000
 _MAX_STAMP_TRIES = 80
+_READ_TRIES = 8  # opens of a path whose inode keeps being replaced mid-read
 
 _CACHE_ENTRY_MAX = 1 << 20
 """Files larger than this are never held in the content cache."""
@@ -535,33 +547,39 @@ class Store:
             else:
                 if _key(st) == entry.key and stat_mod.S_ISREG(st.st_mode):
                     self.content_hits += 1
-                    return st.st_mtime_ns, entry.data  # the key's mtime: the version
+                    return _file_version(st), entry.data  # the key's times: the version
             self._uncache(path, entry)
-        started = self._time_ns()  # before the open: see "Content cache" above
-        fd = self._open_for_read(path)
-        try:
-            st = os.fstat(fd)
-            if not stat_mod.S_ISREG(st.st_mode):
-                if stat_mod.S_ISDIR(st.st_mode):
-                    raise IsADirectory(f"cannot read {path!r}: it is a directory")
-                raise FscacheError(f"cannot read {path!r}: not a regular file")
-            size = st.st_size
-            if size > self.max_file_size:
-                raise TooLarge(
-                    f"cannot read {path!r}: {size} bytes is more than the "
-                    f"maximum file size of {self.max_file_size}"
-                )
-            data = os.read(fd, size)
-            if len(data) < size:
-                data = _read_rest(fd, data, size)
-        except BaseException as exc:
-            os.close(fd)
-            if isinstance(exc, OSError):
-                raise _translate(exc, "read", path) from None
-            raise
-        # Whether to cache it is settle()'s business, off the reply's critical path.
-        self._unsettled.append((fd, path, st, data, started))
-        return st.st_mtime_ns, data
+        for _ in range(_READ_TRIES):
+            started = self._time_ns()  # before the open: see "Content cache" above
+            fd = self._open_for_read(path)
+            try:
+                st = os.fstat(fd)
+                if not st.st_nlink:  # replaced or deleted since the open (see Reads)
+                    raise _Replaced
+                if not stat_mod.S_ISREG(st.st_mode):
+                    if stat_mod.S_ISDIR(st.st_mode):
+                        raise IsADirectory(f"cannot read {path!r}: it is a directory")
+                    raise FscacheError(f"cannot read {path!r}: not a regular file")
+                size = st.st_size
+                if size > self.max_file_size:
+                    raise TooLarge(
+                        f"cannot read {path!r}: {size} bytes is more than the "
+                        f"maximum file size of {self.max_file_size}"
+                    )
+                data = os.read(fd, size)
+                if len(data) < size:
+                    data = _read_rest(fd, data, size)
+            except BaseException as exc:
+                os.close(fd)
+                if isinstance(exc, _Replaced):
+                    continue
+                if isinstance(exc, OSError):
+                    raise _translate(exc, "read", path) from None
+                raise
+            # Whether to cache it is settle()'s business, off the reply's critical path.
+            self._unsettled.append((fd, path, st, data, started))
+            return _file_version(st), data
+        raise _replaced_too_often(path)
 
     def settle(self) -> None:
         """Finish the reads done since the last call: close their descriptors and cache
@@ -591,7 +609,7 @@ class Store:
             st = os.stat(self.root)
         if _file_or_dir(st, f"cannot stat {path!r}", path):
             return st.st_mtime_ns, 0, True
-        return st.st_mtime_ns, st.st_size, False
+        return _file_version(st), st.st_size, False
 
     def capacity(self) -> dict[str, int]:
         """The size and room of the file system that holds the root (``statvfs``):
@@ -659,17 +677,17 @@ class Store:
             st = _lstat_at(dir_fd, name, "delete", path)
             if st is None:
                 raise NotFound(f"cannot delete {path!r}: it does not exist")
-            _regular_file_version(st, "delete", path)
-            if if_version is not None and if_version != st.st_mtime_ns:
+            version = _regular_file_version(st, "delete", path)
+            if if_version is not None and if_version != version:
                 raise Conflict(
-                    f"cannot delete {path!r}: its version is {st.st_mtime_ns}, not {if_version}"
+                    f"cannot delete {path!r}: its version is {version}, not {if_version}"
                 )
             try:
                 os.unlink(name, dir_fd=dir_fd)
             except OSError as exc:
                 raise _translate(exc, "delete", path) from None
             self._forget(path)
-            self._raise_floor(full, st.st_mtime_ns)
+            self._raise_floor(full, version)
             with _after_change("delete", path):
                 self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
 
@@ -774,16 +792,20 @@ class Store:
         """``(version, size, data)``: bytes ``[offset, min(offset + length, size))`` of
         the file, its version and whole size, all from one open descriptor (see Reads)."""
         _check_extent("read", path, offset=offset, length=length)
-        fd = self._open_for_read(path)
-        try:
-            st = os.fstat(fd)
-            version = _regular_file_version(st, "read", path)
-            data = _pread_all(fd, max(0, min(length, st.st_size - offset)), offset)
-        except OSError as exc:
-            raise _translate(exc, "read", path) from None
-        finally:
-            os.close(fd)
-        return version, st.st_size, data
+        for _ in range(_READ_TRIES):
+            fd = self._open_for_read(path)
+            try:
+                st = os.fstat(fd)
+                if not st.st_nlink:  # replaced or deleted since the open (see Reads)
+                    continue
+                version = _regular_file_version(st, "read", path)
+                data = _pread_all(fd, max(0, min(length, st.st_size - offset)), offset)
+            except OSError as exc:
+                raise _translate(exc, "read", path) from None
+            finally:
+                os.close(fd)
+            return version, st.st_size, data
+        raise _replaced_too_often(path)
 
     def upload_begin(self, path: str) -> Upload:
         """Start a streamed write of the whole file ``path``: a private temp file
@@ -851,13 +873,14 @@ class Store:
                     floor = self._floors.get(full, 0)
                 fd, upload._fd = upload._fd, -1
                 try:
-                    version = _stamp(fd, max(old, floor) + 1)
+                    _stamp(fd, max(old, floor) + 1)
                     os.fchmod(fd, self._file_mode)
                     os.fsync(fd)  # cheap after upload_sync: the inode only
                 finally:
                     os.close(fd)
                 key = self._dir_key(_parent_of(path))
                 self._install(upload._dir_fd, upload._temp, dir_fd, key, name, path)
+                version = self._installed_version(dir_fd, name, path)
                 self._forget(path)
                 with self._mutex:
                     self._floors.pop(full, None)
@@ -935,7 +958,7 @@ class Store:
             is_dir = _file_or_dir(src_st, what, src)
             dst_st = _lstat_at(dst_dir, dst_name, op, dst)
             if src == dst:
-                return src_st.st_mtime_ns
+                return _version(src_st)
             if dst_st is not None and _file_or_dir(dst_st, what, dst) != is_dir:
                 if is_dir:
                     raise NotADirectory(f"{what}: {src!r} is a directory and {dst!r} is a file")
@@ -944,7 +967,7 @@ class Store:
             dst_key = self._dir_key(dst) if is_dir else dst_full
             with self._mutex:
                 floor = self._floors.get(dst_key, 0)
-            minimum = max(floor, dst_st.st_mtime_ns if dst_st is not None else 0) + 1
+            minimum = max(floor, _version(dst_st) if dst_st is not None else 0) + 1
             try:
                 fd = os.open(src_name, _STAMP_FLAGS, dir_fd=src_dir)
                 try:
@@ -955,13 +978,13 @@ class Store:
                     if is_dir and os.fstat(fd).st_mtime_ns < minimum:  # ".." moved it
                         _stamp(fd, minimum)
                         os.fsync(fd)
-                    version = os.fstat(fd).st_mtime_ns
+                    version = _version(os.fstat(fd))  # (a rename moves a file's ctime)
                 finally:
                     os.close(fd)
             except OSError as exc:
                 raise _rename_error(exc, src, dst) from None
             self._forget(src, dst)
-            self._raise_floor(src_key, src_st.st_mtime_ns)
+            self._raise_floor(src_key, version)  # what a racing read of src may have seen
             with self._mutex:
                 self._floors.pop(dst_full, None)
             with _after_change(op, dst):
@@ -1031,7 +1054,7 @@ class Store:
                 if stat_mod.S_ISDIR(st.st_mode):
                     entries.append((name, True, 0, st.st_mtime_ns))
                 elif stat_mod.S_ISREG(st.st_mode):
-                    entries.append((name, False, st.st_size, st.st_mtime_ns))
+                    entries.append((name, False, st.st_size, _file_version(st)))
         return version, entries, stop < len(names)
 
     @contextmanager
@@ -1241,7 +1264,8 @@ class Store:
                     # The bytes are in the file now: a failure after this, on a file
                     # that was there before, leaves them in it (NotDurable).
                     with _after_change(op, path) if not created else nullcontext():
-                        version = _stamp(fd, max(old, floor) + 1)
+                        _stamp(fd, max(old, floor) + 1)
+                        version = _file_version(os.fstat(fd))
                         os.fsync(fd)  # data and inode (the new mtime) in one go
                 finally:
                     os.close(fd)
@@ -1451,9 +1475,16 @@ class Store:
         ``dir_fd`` (lock key ``key``; ``path``): see :func:`_fill` and :meth:`_install`."""
         temp = TEMP_PREFIX + secrets.token_hex(8)
         fd = os.open(temp, _TEMP_FLAGS, self._file_mode, dir_fd=dir_fd)
-        version = _fill(dir_fd, temp, fd, data, minimum=minimum)
+        _fill(dir_fd, temp, fd, data, minimum=minimum)
         self._install(dir_fd, temp, dir_fd, key, name, path)
-        return version
+        return self._installed_version(dir_fd, name, path)
+
+    @staticmethod
+    def _installed_version(dir_fd: int, name: str, path: str) -> int:
+        """The version of the file just renamed onto ``name`` (under its path's lock):
+        read after the rename, which moved its ctime (see Versions)."""
+        with _after_change("write", path):
+            return _file_version(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
 
     def _install(self, tmp_dir: int, tmp: str, dir_fd: int, key: str, name: str, path: str) -> None:
         """Rename the stamped, fsynced temp file ``tmp`` (in directory ``tmp_dir``) onto
@@ -1549,7 +1580,25 @@ def _regular_file_version(st: os.stat_result, op: str, path: str) -> int:
     """The version of a regular file; IsADirectory or FscacheError for anything else."""
     if not stat_mod.S_ISREG(st.st_mode) and _file_or_dir(st, f"cannot {op} {path!r}", path):
         raise IsADirectory(f"cannot {op} {path!r}: it is a directory")
-    return st.st_mtime_ns
+    return _file_version(st)
+
+
+class _Replaced(Exception):
+    """The inode a read opened left its path before its ``fstat``."""
+
+
+def _replaced_too_often(path: str) -> Conflict:
+    return Conflict(f"cannot read {path!r}: it was replaced {_READ_TRIES} times while read")
+
+
+def _file_version(st: os.stat_result) -> int:
+    """A regular file's version: the later of its mtime and its ctime (see Versions)."""
+    return max(st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _version(st: os.stat_result) -> int:
+    """The version of a file (:func:`_file_version`) or a directory (its mtime)."""
+    return st.st_mtime_ns if stat_mod.S_ISDIR(st.st_mode) else _file_version(st)
 
 
 @contextmanager
@@ -1623,14 +1672,14 @@ def _stamp(fd: int, minimum: int) -> int:
     raise FscacheError("the store's file system cannot record a new version (mtime)")
 
 
-def _fill(dir_fd: int, temp: str, fd: int, data: bytes, *, minimum: int) -> int:
+def _fill(dir_fd: int, temp: str, fd: int, data: bytes, *, minimum: int) -> None:
     """Steps 2-3 of a write (see "Writes" above): ``data`` into the temp file ``temp``
-    in ``dir_fd``, open as ``fd`` (closed here), a version stamp >= ``minimum``, fsync.
-    Returns the version; raises OSError, and then leaves no temp file behind."""
+    in ``dir_fd``, open as ``fd`` (closed here), an mtime stamp >= ``minimum``, fsync.
+    Raises OSError, and then leaves no temp file behind."""
     try:
         try:
             _write_all(fd, data)
-            version = _stamp(fd, minimum)
+            _stamp(fd, minimum)
             os.fsync(fd)  # data and inode (the new mtime) in one go
         finally:
             os.close(fd)
@@ -1638,7 +1687,6 @@ def _fill(dir_fd: int, temp: str, fd: int, data: bytes, *, minimum: int) -> int:
         with suppress(OSError):  # if it stays, recover() removes it at the next start
             os.unlink(temp, dir_fd=dir_fd)
         raise
-    return version
 
 
 def listing_page(names: list[str], after: str | None) -> tuple[int, int]:

@@ -72,6 +72,24 @@ async def test_a_write_is_seen_by_every_other_client_at_once(server):
         assert stats["approvals_sent"] == 2
 
 
+async def test_a_file_replaced_behind_the_server_with_its_mtime_kept_is_seen(nursery, root):
+    """``rsync -t``, ``cp -p`` and ``tar -x`` put a file in place with the mtime they
+    copy: once its lease has run out, a client that cached the old bytes reads the
+    new ones (their version differs all the same)."""
+    settings = ServerSettings(root=str(root), port=0, term=0.5, skew=0.1)
+    server = await nursery.start(serve, settings)
+    async with fscache.open_client("127.0.0.1", server.port) as c:
+        await c.write("a.txt", b"AAAA")
+        assert await c.read("a.txt") == b"AAAA"
+        old = os.stat(root / "a.txt")
+        await trio.sleep(0.05)  # past a coarse clock's tick
+        (root / "incoming").write_bytes(b"BBBB")
+        os.utime(root / "incoming", ns=(old.st_atime_ns, old.st_mtime_ns))
+        os.replace(root / "incoming", root / "a.txt")
+        await trio.sleep(2 * settings.term)  # its lease is over: the next read asks
+        assert await c.read("a.txt") == b"BBBB"
+
+
 async def test_the_blocking_api_answers_hits_on_the_callers_thread(server):
     port = server.port
 

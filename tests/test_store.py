@@ -65,7 +65,7 @@ def test_write_read_stat_round_trip(store: Store, root: Path) -> None:
     assert store.read("a.txt") == (version, b"hello")
     assert store.stat("a.txt") == (version, 5, False)
     assert (root / "a.txt").read_bytes() == b"hello"
-    assert os.stat(root / "a.txt").st_mtime_ns == version
+    assert version_of(os.stat(root / "a.txt")) == version
 
 
 def test_empty_file(store: Store) -> None:
@@ -156,14 +156,18 @@ def test_versions_increase_with_a_frozen_or_backward_clock(
     store = Store(root, max_file_size=MAX)
     real = store.write("f", b"real clock")
     monkeypatch.setattr(store_mod, "time_ns", lambda: 1_000)  # far in the past, frozen
-    assert store.write("f", b"a") == real + 1
-    assert store.write("f", b"b") == real + 2
+    a = store.write("f", b"a")
+    assert os.stat(root / "f").st_mtime_ns == real + 1  # the stamp: just above the last
+    b = store.write("f", b"b")
+    assert real < a < b
     store.delete("f")
-    assert store.write("f", b"c") == real + 3  # the in-memory floor
-    assert store.write("g", b"new path") == 1_000
+    c = store.write("f", b"c")
+    assert c > b and os.stat(root / "f").st_mtime_ns == b + 1  # the in-memory floor
+    store.write("g", b"new path")
+    assert os.stat(root / "g").st_mtime_ns == 1_000  # a new path: the clock's value
     restarted = Store(root, max_file_size=MAX)
-    assert restarted.write("f", b"d") == real + 4  # from the file's own mtime
-    assert restarted.read("f") == (real + 4, b"d")
+    d = restarted.write("f", b"d")  # above the file's own version
+    assert d > c and restarted.read("f") == (d, b"d")
 
 
 def test_versions_increase_on_coarse_timestamps(
@@ -180,8 +184,10 @@ def test_versions_increase_on_coarse_timestamps(
     monkeypatch.setattr(store_mod, "time_ns", lambda: 5 * second + 123)
     monkeypatch.setattr(os, "utime", coarse_utime)
     versions = [store.write("f", bytes([i])) for i in range(4)]
-    assert versions == [5 * second, 6 * second, 7 * second, 8 * second]
-    assert store.read("f") == (8 * second, b"\x03")
+    assert versions == sorted(set(versions))  # strictly increasing
+    mtime = os.stat(root / "f").st_mtime_ns
+    assert mtime % second == 0 and mtime > versions[2]  # whole seconds, above the last
+    assert store.read("f") == (versions[3], b"\x03")
 
 
 # ---------------------------------------------------------------- compare-and-set
@@ -234,6 +240,40 @@ def test_compare_and_set_is_atomic_between_threads(store: Store) -> None:
     for t in threads:
         t.join()
     assert store.read("counter")[1] == str(sum(wins)).encode() == b"120"
+
+
+def test_a_read_that_opened_a_file_then_replaced_reads_the_new_one(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replacing a file moves the old inode's ctime, its version: a read whose open
+    came before the replace and whose fstat after it would pair the old bytes with
+    the new file's version (and a compare-and-set on it would win). It reads anew."""
+    store.write("f", b"old")
+    real_open = store._open_for_read
+    replaced: list[int] = []
+
+    def open_then_replace(path: str) -> int:
+        fd = real_open(path)
+        if not replaced:
+            replaced.append(store.write("f", b"new"))
+        return fd
+
+    monkeypatch.setattr(store, "_open_for_read", open_then_replace)
+    assert store.read("f") == (replaced[0], b"new")
+    replaced.clear()
+    assert store.read_range("f", 0, 10) == (replaced[0], 3, b"new")
+    replaced.clear()
+    store.delete("f")
+    store.write("f", b"x")
+
+    def open_then_delete(path: str) -> int:
+        fd = real_open(path)  # the second open finds nothing: NotFound
+        store.delete("f")
+        return fd
+
+    monkeypatch.setattr(store, "_open_for_read", open_then_delete)
+    with pytest.raises(NotFound):
+        store.read("f")
 
 
 # -------------------------------------------------------------------------- errors
@@ -585,12 +625,50 @@ def put(root: Path, name: str, data: bytes) -> Path:
 def test_cache_serves_an_unchanged_file_without_opening_it(
     cstore: Store, root: Path, opens: list[str]
 ) -> None:
-    put(root, "d/f", b"hello")
-    assert cstore.read("d/f") == (1_000_000_000_000, b"hello")
+    version = version_of(os.stat(put(root, "d/f", b"hello")))
+    assert cstore.read("d/f") == (version, b"hello")
     assert len(opens) == 1 and cstore.content_hits == 0
     for _ in range(3):
-        assert cstore.read("d/f") == (1_000_000_000_000, b"hello")
+        assert cstore.read("d/f") == (version, b"hello")
     assert len(opens) == 1 and cstore.content_hits == 3
+
+
+def version_of(st: os.stat_result) -> int:
+    """A file's version as the store gives it: the later of its mtime and ctime."""
+    return max(st.st_mtime_ns, st.st_ctime_ns)
+
+
+def test_a_file_replaced_with_its_mtime_kept_gets_a_new_version(store: Store, root: Path) -> None:
+    """``cp -p``, ``rsync -t`` and ``tar -x`` set the mtime they copy: the version still
+    moves (the ctime does), so no cache answers "not modified" for the new bytes."""
+    version = store.write("a.txt", b"AAAA")
+    old = os.stat(root / "a.txt")
+    time.sleep(0.05)  # past a coarse clock's tick
+    new = root / "incoming"
+    new.write_bytes(b"BBBB")
+    os.utime(new, ns=(old.st_atime_ns, old.st_mtime_ns))
+    os.replace(new, root / "a.txt")  # as rsync puts its temp file in place
+    assert os.stat(root / "a.txt").st_mtime_ns == old.st_mtime_ns
+    replaced, data = store.read("a.txt")
+    assert data == b"BBBB" and replaced > version
+    assert store.stat("a.txt")[0] == replaced
+    assert store.write("a.txt", b"CCCC", if_version=replaced) > replaced
+
+
+def test_every_change_by_the_store_returns_the_version_reads_then_see(
+    store: Store, root: Path
+) -> None:
+    """Write, upload, in-place write, truncate and rename each return the version a read
+    gives afterwards (a rename moves the file's ctime: it is read after it)."""
+    assert store.write("w", b"1") == store.stat("w")[0]
+    upload = store.upload_begin("u")
+    store.upload_part(upload, 0, b"22")
+    store.upload_sync(upload)
+    assert store.upload_commit(upload) == store.stat("u")[0]
+    assert store.write_range("w", 1, b"3") == store.stat("w")[0]
+    assert store.truncate("w", 1) == store.stat("w")[0]
+    assert store.rename("w", "moved") == store.stat("moved")[0] == store.read("moved")[0]
+    assert version_of(os.stat(root / "moved")) == store.stat("moved")[0]
 
 
 def test_cache_sees_an_external_in_place_edit(cstore: Store, root: Path) -> None:
@@ -610,7 +688,8 @@ def test_cache_sees_an_external_in_place_edit(cstore: Store, root: Path) -> None
         pytest.skip(
             "this file system's ctime is too coarse to see the edit (and the clock is faked)"
         )
-    assert cstore.read("f") == (before.st_mtime_ns, b"bbbb")
+    assert cstore.read("f") == (version_of(after), b"bbbb")
+    assert version_of(after) > version_of(before)  # a new version, for all its mtime
     assert cstore.content_hits == 0
 
 
@@ -619,7 +698,7 @@ def test_cache_sees_an_external_replace(cstore: Store, root: Path) -> None:
     assert cstore.read("f")[1] == b"old!"
     q = put(root, "elsewhere", b"new!")  # same size and mtime, another inode
     os.replace(q, p)
-    assert cstore.read("f") == (1_000_000_000_000, b"new!")
+    assert cstore.read("f") == (version_of(os.stat(p)), b"new!")
     assert cstore.content_hits == 0
 
 
@@ -864,7 +943,7 @@ def test_a_file_whose_times_do_not_fit_64_bits_is_read_but_not_cached(
         os.utime(p, ns=(0, 2**63 + 10**9))  # past the year 2262
     except (OSError, OverflowError):
         pytest.skip("this file system cannot set such a time")
-    version = os.stat(p).st_mtime_ns
+    version = version_of(os.stat(p))
     if version < 2**63:
         pytest.skip("this file system does not keep such a time")
     for _ in range(2):
