@@ -640,7 +640,8 @@ class Store:
         if not path:
             raise IsADirectory("cannot write the root: it is a directory")
         full = self._prefix + path
-        dir_fd, name = self._open_parent(path, "write", make=True)
+        made: list[str] = []  # directories made for it: removed if it fails
+        dir_fd, name = self._open_parent(path, "write", make=True, made=made)
         try:
             with self._locked(full):
                 old = self._file_version_at(dir_fd, name, "write", path)
@@ -660,6 +661,9 @@ class Store:
                 with self._mutex:
                     self._floors.pop(full, None)
                 return version
+        except BaseException:
+            self._unmake_dirs(made)
+            raise
         finally:
             os.close(dir_fd)
 
@@ -864,8 +868,12 @@ class Store:
         self._check_open(upload)
         path = upload.path
         full = self._prefix + path
+        made: list[str] = []  # directories made for it: removed if it fails
         try:
-            with self._in_parent(path, "write", make=True) as (dir_fd, name), self._locked(full):
+            with (
+                self._in_parent(path, "write", make=True, made=made) as (dir_fd, name),
+                self._locked(full),
+            ):
                 old = self._file_version_at(dir_fd, name, "write", path)
                 if if_version is not None and if_version != old:
                     raise Conflict(f"cannot write {path!r}: its version is {old}, not {if_version}")
@@ -886,6 +894,7 @@ class Store:
                     self._floors.pop(full, None)
         except BaseException as exc:
             self.upload_abort(upload)
+            self._unmake_dirs(made)
             if isinstance(exc, OSError):
                 raise _translate(exc, "write", path) from None
             raise
@@ -1030,6 +1039,17 @@ class Store:
             with _after_change("rmdir", path):
                 self._dir_changed(dir_fd, self._dir_key(_parent_of(path)))
 
+    def _unmake_dirs(self, made: list[str]) -> None:
+        """Remove the directories a failed write made for itself, deepest first, as
+        :meth:`rmdir` does: a write that is not acknowledged leaves no stray directory.
+        One that is no longer empty (another write is using it) stays, and so do the
+        ones above it."""
+        for rel in reversed(made):
+            try:
+                self.rmdir(rel)
+            except FscacheError:
+                return
+
     def scandir(
         self, path: str, after: str | None = None
     ) -> tuple[int, list[tuple[str, bool, int, int]], bool]:
@@ -1149,14 +1169,21 @@ class Store:
         return fd
 
     def _open_parent(
-        self, path: str, op: str, *, make: bool = False, of_directory: bool = False
+        self,
+        path: str,
+        op: str,
+        *,
+        make: bool = False,
+        of_directory: bool = False,
+        made: list[str] | None = None,
     ) -> tuple[int, str]:
         """``(descriptor of the parent directory, last name)`` of ``path`` (see
         :meth:`_open_dir`): what every confined operation works on. :class:`BadPath`
         for the root or a reserved name, :class:`NotFound` if the parent is missing
-        (with ``make``, missing directories are made, and a file on the way is
-        :class:`IsADirectory`; for an operation ``of_directory``, mkdir and rmdir, a
-        file on the way is :class:`NotADirectory`, as ENOTDIR is for mkdir(2))."""
+        (with ``make``, missing directories are made -- each added to ``made`` -- and a
+        file on the way is :class:`IsADirectory`; for an operation ``of_directory``,
+        mkdir and rmdir, a file on the way is :class:`NotADirectory`, as ENOTDIR is for
+        mkdir(2))."""
         _check_path(path, op)
         head, _, name = path.rpartition("/")
         try:
@@ -1165,7 +1192,7 @@ class Store:
             except FileNotFoundError:
                 if not make:
                     raise
-                return self._make_dirs(head), name
+                return self._make_dirs(head, made), name
         except NotADirectoryError:
             if of_directory:
                 raise NotADirectory(
@@ -1222,10 +1249,16 @@ class Store:
 
     @contextmanager
     def _in_parent(
-        self, path: str, op: str, *, make: bool = False, of_directory: bool = False
+        self,
+        path: str,
+        op: str,
+        *,
+        make: bool = False,
+        of_directory: bool = False,
+        made: list[str] | None = None,
     ) -> Iterator[tuple[int, str]]:
         """:meth:`_open_parent`, closed on leaving."""
-        dir_fd, name = self._open_parent(path, op, make=make, of_directory=of_directory)
+        dir_fd, name = self._open_parent(path, op, make=make, of_directory=of_directory, made=made)
         try:
             yield dir_fd, name
         finally:
@@ -1398,9 +1431,10 @@ class Store:
                     if entry.users == 0:
                         del self._locks[key]
 
-    def _make_dirs(self, rel: str) -> int:
+    def _make_dirs(self, rel: str, made: list[str] | None = None) -> int:
         """Open the directory ``rel``, making it and its missing ancestors durably (see
-        :meth:`_mkdir_at`), one ``O_NOFOLLOW`` step at a time from the root."""
+        :meth:`_mkdir_at`), one ``O_NOFOLLOW`` step at a time from the root; adds each
+        directory it made to ``made``."""
         fd = self._open_dir("")
         done = ""
         try:
@@ -1413,6 +1447,9 @@ class Store:
                         step = self._mkdir_at(fd, name, done)[0]
                     except FileExistsError:  # made meanwhile
                         step = _step(fd, name)
+                    else:
+                        if made is not None:
+                            made.append(done)
                 os.close(fd)
                 fd = step
         except BaseException:

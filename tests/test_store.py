@@ -442,6 +442,33 @@ def test_os_errors_become_fscache_errors(
     assert temp_files(root) == []  # the failed write cleaned up after itself
 
 
+def test_a_failed_write_leaves_no_directory_it_made(
+    store: Store, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk (or a lost compare-and-set) after the missing parents were made:
+    the write is not acknowledged, so they go again; directories that were there, or
+    that another write now uses, stay."""
+    store.write("kept/f", b"")
+
+    def full_disk(fd: int, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_mod, "_write_all", full_disk)
+    with pytest.raises(FscacheError, match="disk is full"):
+        store.write("kept/brand/new/x.txt", b"x")
+    monkeypatch.undo()
+    assert store.listdir("kept") == ["f"]
+    assert temp_files(root) == []
+    with pytest.raises(Conflict):
+        store.write("new/dir/x.txt", b"x", if_version=7)
+    upload = store.upload_begin("up/dir/x.txt")
+    store.upload_part(upload, 0, b"x")
+    store.upload_sync(upload)
+    with pytest.raises(Conflict):
+        store.upload_commit(upload, if_version=7)
+    assert os.listdir(root) == ["kept"]
+
+
 # ------------------------------------------------------------------------- recover
 
 
