@@ -1662,7 +1662,12 @@ def _translate(exc: OSError, op: str, path: str) -> FscacheError:
         return NotEmpty(f"cannot {op} {path!r}: the directory is not empty")
     if code == errno.EFBIG:
         return TooLarge(f"cannot {op} {path!r}: larger than the file system allows")
-    if code in (errno.ELOOP, errno.ENAMETOOLONG):
+    if code == errno.ELOOP:  # the store never follows a symlink: no other loop is met
+        return BadPath(
+            f"cannot {op} {path!r}: it is or passes through a symlink, which the store never"
+            " follows"
+        )
+    if code == errno.ENAMETOOLONG:
         return BadPath(f"cannot {op} {path!r}: {exc.strerror}")
     if code in (errno.ENOSPC, errno.EDQUOT):
         return FscacheError(f"cannot {op} {path!r}: the store's disk is full")
