@@ -47,8 +47,10 @@ Lock names follow the path rules but are a namespace of their own: a lock named
   holder whose lock passed to someone else is refused.
 * Sessions. A session ended with a goodbye releases its locks and drops its
   queued acquires. A session whose connection is lost without one keeps its locks
-  until they expire (it may resume and renew them); its queued acquires are
-  dropped (:class:`Dropped`), since their answer has no connection to go to.
+  until they expire (it may resume and renew them: the session lives at least
+  until :meth:`LockTable.held_until`, see :mod:`fscache.sessions`); its queued
+  acquires are dropped (:class:`Dropped`), since their answer has no connection to
+  go to.
 * Watchers. Every grant, release and expiry is announced with :class:`Changed`
   (who holds the name now, None while nobody does).
 """
@@ -318,6 +320,12 @@ class LockTable:
         for name in [n for n in self._busy if self._holds(session, n)]:
             effects += self._free(name, self._names[name], now)
         return effects
+
+    def held_until(self, session: HolderId) -> float | None:
+        """The last instant a renewal of one of ``session``'s locks may be received and
+        granted (the latest ``expiry + skew``), or None if it holds none."""
+        ends = [self._names[name].free_at for name in self._busy if self._holds(session, name)]
+        return max(ends, default=None)
 
     def disconnected(self, session: HolderId) -> list[Effect]:
         """``session``'s connection is lost without a goodbye: its queued acquires are

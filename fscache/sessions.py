@@ -36,7 +36,12 @@ Rules:
   asked for. The client keeps its cache entries until their own expiry, as after a
   server restart; the lease table waits out whatever the old session held.
 * Detach. A connection lost without a goodbye leaves its session alive for ``ttl``
-  seconds: it expires at ``detach + ttl`` unless resumed first.
+  seconds, and for as long as a lock it holds may still be renewed (the caller
+  names that instant, ``at_least``): it expires at ``max(detach + ttl, at_least)``
+  unless resumed first. So a lock lives as long as its session may come back to
+  renew it, never shorter: a client cut off longer than the TTL but less than its
+  lock's ``ttl`` resumes and renews, rather than losing the lock to an expired
+  session while the server still holds it for no one.
 * End. A goodbye ends the session at once (the caller relinquishes its leases).
 * Expiry. At ``now >= detach + ttl`` the session is forgotten (:class:`Expired`).
   Its leases are not relinquished: they run out by themselves (the default ``ttl``
@@ -191,15 +196,17 @@ class SessionTable:
         self.resumed += 1
         return Attached(session, state.attachment, resumed=True, displaced=displaced)
 
-    def detach(self, session: HolderId, attachment: int, now: float) -> None:
+    def detach(
+        self, session: HolderId, attachment: int, now: float, *, at_least: float | None = None
+    ) -> None:
         """The connection ``attachment`` of ``session`` was lost without a goodbye: the
-        session expires at ``now + ttl`` unless resumed. A replaced connection's news
-        changes nothing."""
+        session expires at ``now + ttl``, or at ``at_least`` if later, unless resumed.
+        A replaced connection's news changes nothing."""
         state = self._sessions.get(session)
         if state is None or state.attachment != attachment:
             return
         state.attachment = None
-        state.expires = now + self.ttl
+        state.expires = now + self.ttl if at_least is None else max(now + self.ttl, at_least)
         heapq.heappush(self._expiry_heap, (state.expires, session))
 
     def end(self, session: HolderId, attachment: int, now: float) -> bool:

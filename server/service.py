@@ -952,7 +952,10 @@ class FileService:
                         ended = self.sessions.end(holder, connection.attachment, now)
                     else:  # lost (as of its last message if cut for silence)
                         lost_at = connection.heard_at if connection.silent else now
-                        self.sessions.detach(holder, connection.attachment, lost_at)
+                        self.sessions.detach(
+                            holder, connection.attachment, lost_at,
+                            at_least=self.locks.table.held_until(holder),
+                        )  # fmt: skip
                         self._wake_timer_by(self.sessions.next_deadline())
                     self._execute(
                         self.table.disconnected(holder, goodbye=connection.goodbye, now=now)

@@ -166,6 +166,19 @@ def test_a_lost_connection_keeps_the_locks_and_drops_the_queued_acquires() -> No
     assert locks.tick(1.0 + TTL + SKEW) == freed(1) + granted(3, C, 2)
 
 
+def test_a_session_holds_its_locks_until_the_last_instant_a_renewal_is_granted() -> None:
+    locks = table()
+    assert locks.held_until(A) is None
+    locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)
+    locks.acquire(OpId(2), A, "m", 2 * TTL, "a", now=1.0)
+    locks.acquire(OpId(3), B, "n", 3 * TTL, "b", now=0.0)
+    assert locks.held_until(A) == 1.0 + 2 * TTL + SKEW  # the later of its two locks
+    assert locks.renew(A, "m", 1, now=just_before(1.0 + 2 * TTL + SKEW)) == 2 * TTL
+    locks.release(A, "m", 1, now=3.0)
+    assert locks.held_until(A) == TTL + SKEW
+    assert locks.renew(A, "l", 1, now=TTL + SKEW) is None  # held_until itself is too late
+
+
 # ---------------------------------------------------------------- fencing
 def test_only_the_newest_token_passes_the_fence() -> None:
     locks = table()

@@ -304,6 +304,27 @@ async def test_renewal_carries_on_through_a_reconnect(
         assert await a.leader("l") == "a"
 
 
+async def test_a_session_cut_off_past_its_ttl_keeps_a_lock_that_may_still_be_renewed(
+    nursery: trio.Nursery, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The session TTL (5 s) is shorter than the lock's ttl (30 s): a holder cut off for
+    7 s comes back to its own session and renews, rather than to a new session that
+    may not renew a lock the server still holds for no one."""
+    cluster = Cluster(nursery, root, skew=SKEW, session_ttl=5.0)
+    await cluster.start()
+    async with cluster.client("a") as a, cluster.client("b") as b, a.lock("l", ttl=30.0) as lock:
+        token = lock.token
+        cluster.refuse = True
+        await cluster.cut("a")
+        await trio.sleep(7.0)
+        assert await b.leader("l") == "a"
+        cluster.refuse = False
+        await trio.sleep(40.0)  # reconnected, and renewing since
+        assert lock.held and lock.token == token
+        assert await b.leader("l") == "a"
+        assert service_of(cluster).sessions.expired == 0
+
+
 async def test_a_waiter_cut_off_waits_again_after_its_reconnect_behind_the_others(
     cluster: Cluster, autojump_clock: trio.testing.MockClock
 ) -> None:

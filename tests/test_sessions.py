@@ -185,6 +185,18 @@ def test_a_detached_session_expires_at_exactly_detach_plus_ttl() -> None:
     assert first.session not in t and t.next_deadline() is None and t.expired == 1
 
 
+def test_a_session_that_holds_locks_lives_until_their_last_renewal_could_come() -> None:
+    t = table()
+    first = opened(t)
+    t.detach(first.session, first.attachment, now=2.0, at_least=2.0 + 30.0)
+    assert t.next_deadline() == 32.0
+    assert t.tick(2.0 + TTL) == []  # past its own TTL: its lock may still be renewed
+    back = resume(t, first.session, now=31.0)
+    assert isinstance(back, Attached) and back.resumed and back.session == first.session
+    t.detach(first.session, back.attachment, now=40.0, at_least=35.0)  # locks end earlier
+    assert t.next_deadline() == 40.0 + TTL
+
+
 def test_an_expired_session_cannot_be_resumed() -> None:
     t = table()
     first = detached(t, at=0.0)
