@@ -21,6 +21,9 @@ The invariants are the rules of :mod:`fscache.locks`:
 (d) every live belief passes the fence (its token is the newest of its name);
 (e) ``next_deadline()`` is always ahead (time passes only by ticks), and ticking
     before it does nothing;
+(g) a session that holds a name in the table is held (``held_until``, how long its
+    detached session must live) past every belief of its own in a name, so it may
+    come back and renew before its belief runs out;
 and, when the run ends and time is allowed to pass, every queued acquire is granted.
 """
 
@@ -206,6 +209,14 @@ class LockTableMachine(RuleBasedStateMachine):
             if belief.until > self.now:
                 found = self.table.state_of(name, self.now)
                 assert found == (belief.token, str(session)), f"(f) {name}: {found}"
+
+    @invariant()
+    def a_holder_lives_past_its_beliefs(self) -> None:
+        for (session, name), belief in self.beliefs.items():
+            holder = self.table.holder(name, self.now)
+            if belief.until > self.now and holder is not None and holder.session == session:
+                held_until = self.table.held_until(session)
+                assert held_until is not None and held_until > belief.until, "(g)"
 
     @invariant()
     def deadline_is_honest(self) -> None:
