@@ -994,18 +994,30 @@ class Client:
         normal = normalize(path)
         if normal != path:  # another spelling of a path that may be cached
             return await self.read(normal, offset=offset, length=length)
-        check_extent("offset", offset)
-        if length is not None:
-            check_extent("length", length)
-        whole = offset == 0 and length is None
-        if length is not None and 0 < length < CHUNK_SIZE and path not in self._cache.entries:
-            return await self._read_range(path, offset, length)
-        if (not whole and path not in self._cache.entries) or path in self._cache.files:
-            return await self._read_chunked(path, offset, length, None)
+        if offset != 0 or length is not None or type(offset) is not int:
+            return await self._read_part(path, offset, length)
+        if path in self._cache.files:  # cached by chunks: read (and revalidate) them
+            return await self._read_chunked(path, 0, None, None)
         result = await self._read_whole(path)
         if isinstance(result, p.Chunk):  # bigger than one chunk: fetch the rest
             return await self._read_chunked(path, 0, None, result)
-        return result if whole else _cut(result, offset, length)
+        return result
+
+    async def _read_part(self, path: str, offset: int, length: int | None) -> bytes:
+        """Bytes ``[offset, offset + length)`` of ``path`` (to the end when ``length`` is
+        None), not from a trusted lease: a small range by itself, else by chunks, but
+        for a file cached whole (its lease run out), which is revalidated whole."""
+        check_extent("offset", offset)
+        if length is not None:
+            check_extent("length", length)
+        if path not in self._cache.entries or path in self._cache.files:
+            if length is not None and 0 < length < CHUNK_SIZE and path not in self._cache.entries:
+                return await self._read_range(path, offset, length)
+            return await self._read_chunked(path, offset, length, None)
+        result = await self._read_whole(path)
+        if isinstance(result, p.Chunk):  # it has grown past one chunk: fetch the rest
+            result = await self._read_chunked(path, 0, None, result)
+        return _cut(result, offset, length)
 
     async def _read_whole(self, path: str) -> bytes | p.Chunk:
         entry = self._cache.get(path)

@@ -54,6 +54,18 @@ async def test_a_big_file_is_read_whole_in_chunks_and_then_answered_from_the_cac
         assert r.stats["cached_bytes"] == len(data)
 
 
+async def test_a_range_of_a_file_cached_whole_that_has_grown_past_a_chunk(cluster, autojump_clock):
+    """Its lease ran out (no approval dropped it): the range is revalidated whole, the
+    file now comes in chunks, and the read gives the range asked for, not all of it."""
+    data = blob(3 * C)
+    async with cluster.client("w") as w, cluster.client("r") as r:
+        await w.write("f", b"small")
+        assert await r.read("f") == b"small"
+        await trio.sleep(60.0)  # r's lease is over; its entry stays, untrusted
+        await w.write("f", data)
+        assert await r.read("f", offset=C + 5, length=10) == data[C + 5 : C + 15]
+
+
 async def test_a_small_ranged_read_fetches_and_caches_only_its_range(cluster):
     data = blob(4 * C)
     async with cluster.client("w") as w, cluster.client("r") as r:
