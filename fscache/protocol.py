@@ -1177,18 +1177,25 @@ def _approval_frame(prefix: bytes, message: ApprovalRequest | Approve) -> bytes:
     return _pack_header(len(payload)) + payload
 
 
-def _pull_approval(cls: type[ApprovalRequest | Approve], b: bytes) -> Message:
-    """An ApprovalRequest or an Approve (``cls``): both are (path, write)."""
-    n, pos = _pull_head(b, _PREFIX_LENGTH[cls], _K_PATH, _TEXT)
-    path, pos = b[pos : pos + n].decode(), pos + n
-    write, pos = _pull_head(b, pos, _K_WRITE, _UINT)
-    if pos != len(b):
-        raise _Unrecognised
-    set_path, set_write = _APPROVAL_SETTERS[cls]
-    message = _new(cls)
-    set_path(message, path)
-    set_write(message, write)
-    return message
+def _approval_reader(cls: type[ApprovalRequest | Approve]) -> Callable[[bytes], Message]:
+    """The reader of an ApprovalRequest or an Approve (``cls``): both are (path, write).
+    One function per type, so that a fan-out's thousands of approvals look up nothing
+    per frame."""
+    start = len(_prefix(cls))
+    set_path, set_write = _slot_setters(cls)
+
+    def pull(b: bytes) -> Message:
+        n, pos = _pull_head(b, start, _K_PATH, _TEXT)
+        path, pos = b[pos : pos + n].decode(), pos + n
+        write, pos = _pull_head(b, pos, _K_WRITE, _UINT)
+        if pos != len(b):
+            raise _Unrecognised
+        message = _new(cls)
+        set_path(message, path)
+        set_write(message, write)
+        return message
+
+    return pull
 
 
 # A directory listing's page. The server writes it with cbor2 (one frame per thousands
@@ -1279,22 +1286,16 @@ def _uint64_column(count: int) -> struct.Struct:
     return struct.Struct(">" + "xQ" * count)
 
 
-_PREFIX_LENGTH = {
-    NotModified: len(_NOT_MODIFIED),
-    Written: len(_WRITTEN),
-    ApprovalRequest: len(_APPROVAL_REQUEST),
-    Approve: len(_APPROVE),
-}
+_PREFIX_LENGTH = {NotModified: len(_NOT_MODIFIED), Written: len(_WRITTEN)}
 _VERSIONED_SETTERS = {cls: _slot_setters(cls) for cls in (NotModified, Written)}
-_APPROVAL_SETTERS = {cls: _slot_setters(cls) for cls in (ApprovalRequest, Approve)}
 # The hand-written readers, by the prefix of the frames they read.
 _PULL: dict[bytes, Callable[[bytes], Message]] = {
     _READ: _pull_read,
     _DATA: _pull_data,
     _NOT_MODIFIED: functools.partial(_pull_versioned, NotModified),
     _WRITTEN: functools.partial(_pull_versioned, Written),
-    _APPROVAL_REQUEST: functools.partial(_pull_approval, ApprovalRequest),
-    _APPROVE: functools.partial(_pull_approval, Approve),
+    _APPROVAL_REQUEST: _approval_reader(ApprovalRequest),
+    _APPROVE: _approval_reader(Approve),
     _ENTRIES: functools.partial(_pull_entries, False),
     _LAST_ENTRIES: functools.partial(_pull_entries, True),
 }
