@@ -650,8 +650,7 @@ class FileService:
                 until=wall_time(wall + self.restart_window), seconds=self.restart_window,
             )  # fmt: skip
         async with trio.open_nursery() as nursery:
-            if s.access_file is not None:
-                nursery.start_soon(self._reload_access_on_sighup, s.access_file)
+            nursery.start_soon(self._reload_access_on_sighup, s.access_file)
             await nursery.start(self.run_engine)
             nursery.start_soon(self._accept, listeners, ssl_context)
             task_status.started(listeners)
@@ -733,11 +732,16 @@ class FileService:
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _reload_access_on_sighup(self, path: str) -> None:
+    async def _reload_access_on_sighup(self, path: str | None) -> None:
         """Load the access file again on each SIGHUP; a bad file leaves the rules as they
-        were. Connections stay; their next request meets the new rules."""
+        were. Connections stay; their next request meets the new rules. Without an
+        access file a SIGHUP only says so: a server stopped by ``kill -HUP`` (the
+        signal's default) would leave its store as after a crash."""
         with trio.open_signal_receiver(signal.SIGHUP) as signals:
             async for _ in signals:
+                if path is None:
+                    log.info("SIGHUP: no access file (--access) to reload; serving on")
+                    continue
                 try:
                     self.access = load_access(path)
                 except BadAccessFile as exc:

@@ -8,6 +8,7 @@ real TCP on 127.0.0.1, port 0 (TLS where identities matter); the reload test run
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
@@ -295,6 +296,43 @@ def test_sighup_reloads_the_rules_and_keeps_connections(
     finally:
         proc.terminate()
         proc.communicate()
+
+
+@pytest.mark.parametrize("with_tls", [False, True], ids=["plain", "tls"])
+def test_sighup_without_an_access_file_is_logged_and_the_server_serves_on(
+    root: pathlib.Path, tls: pathlib.Path, with_tls: bool
+) -> None:
+    args = ["--root", str(root), "--port", "0"]
+    context = None
+    if with_tls:
+        args += ["--tls", str(tls / "server")]
+        context = client_context(tls / "clients" / "writer")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fscache", "serve", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        address = parse_serving_line(proc.stdout.readline())
+        assert address is not None
+        for line in proc.stderr:  # the log's first line: the limits
+            assert " INFO limits: " in line, line
+            break
+        proc.send_signal(signal.SIGHUP)
+        for line in proc.stderr:
+            if "SIGHUP" in line:
+                assert " INFO " in line and "no access file" in line, line
+                break
+        with fscache.connect(f"{address[0]}:{address[1]}", ssl_context=context) as c:
+            c.write("a", b"1")
+            assert c.read("a") == b"1"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "still live" not in out  # stopped cleanly: the next start holds no writes
+    assert json.loads((root / ".fscache" / "incarnation.json").read_text())["clean"] is True
 
 
 def test_the_command_line_tells_a_refused_request_from_a_refused_certificate(
