@@ -468,13 +468,17 @@ class Connection:
     received_at: float = 0.0  # when the batch being handled arrived
     heard_at: float = 0.0  # when the client last sent anything
     silent: bool = False  # cut for silence: its session is detached as of heard_at
+    dropped_for: str | None = None  # why the server ended it (its disconnect's reason)
+    lost: str | None = None  # the transport's error that ended a send
     slot_freed: trio.Event = dataclasses.field(default_factory=trio.Event)
 
     def send(self, message: p.Message) -> None:
         self.send_frame(p.encode(message))
 
-    def drop(self) -> None:
-        """End the connection from the server's side: nothing more is sent on it."""
+    def drop(self, why: str) -> None:
+        """End the connection from the server's side, for ``why``: nothing more is
+        sent on it."""
+        self.dropped_for = self.dropped_for or why
         self.alive = False
         self.cancel.cancel()
 
@@ -485,7 +489,7 @@ class Connection:
         self.counters.messages_out += 1
         if not (self.outbox.push(frame) if push else self.outbox.put(frame)):
             log.warning("%s is not reading its replies; dropping the connection", self.peer)
-            self.drop()
+            self.drop("its unsent replies passed max_outbox")
 
 
 Page = tuple[int, list[tuple[str, bool, int, int]], bool]  # Store.scandir's answer
@@ -918,7 +922,7 @@ class FileService:
                 log.info("%s: client %s is %r", peer, hello.client_id, identity)
             previous = self.connections.get(holder)
             if previous is not None:  # the same client resumed: the old link is half-open
-                previous.drop()
+                previous.drop("its session resumed on another connection")
             self.connections[holder] = connection
             self._by_identity[identity] += 1
             connection.send(self._welcome(attached, secret))
@@ -931,9 +935,7 @@ class FileService:
                 self._execute(self.table.connected(holder, trio.current_time()))
                 async with trio.open_nursery() as nursery:
                     # the welcome goes out with the first batch's replies: no sender yet
-                    outbox.start_sender = partial(
-                        nursery.start_soon, self._send_loop, outbox, cancel
-                    )
+                    outbox.start_sender = partial(nursery.start_soon, self._send_loop, connection)
                     await self._receive_loop(wire, decoder, connection)
                     outbox.close()  # what is queued goes out, then the sender ends
             finally:
@@ -967,13 +969,13 @@ class FileService:
                     if ended:
                         self._delete_tied(self.ephemeral.table.session_ended(holder, now))
                 reason = _closed_because(connection, sys.exc_info()[1])
+                if connection.dropped_for is not None:
+                    self.counters.connections_dropped += 1
                 event(
                     "disconnect", "%s: client %s disconnected, session %s: %s", peer,
                     hello.client_id, holder, reason, peer=peer, session=holder,
                     label=hello.client_id, goodbye=connection.goodbye, reason=reason,
                 )  # fmt: skip
-        if cancel.cancelled_caught:
-            self.counters.connections_dropped += 1
 
     async def _watch_sends(self) -> None:
         """Drop each connection whose send has not completed within send_timeout: its
@@ -988,7 +990,7 @@ class FileService:
                 started = connection.outbox.send_started
                 if started is not None and now - started >= timeout:
                     log.warning("%s stopped reading its replies; dropping it", connection.peer)
-                    connection.drop()
+                    connection.drop(f"a send took over send_timeout ({timeout:g} s)")
 
     async def _watch_silence(self) -> None:
         """Cut the connection of each session that holds ephemeral files and has sent
@@ -1009,14 +1011,15 @@ class FileService:
                     connection.peer, now - connection.heard_at,
                 )  # fmt: skip
                 connection.silent = True
-                connection.drop()
+                connection.drop("silent for the session TTL, holding ephemeral files")
 
-    async def _send_loop(self, outbox: Outbox, cancel: trio.CancelScope) -> None:
+    async def _send_loop(self, connection: Connection) -> None:
         try:
             with _transport_errors():
-                await outbox.run()
-        except Unavailable:
-            cancel.cancel()
+                await connection.outbox.run()
+        except Unavailable as exc:  # the peer's end broke: the receiving task ends too
+            connection.lost = str(exc)
+            connection.cancel.cancel()
 
     async def _receive_loop(
         self, wire: Wire, decoder: p.FrameDecoder, connection: Connection
@@ -1087,9 +1090,11 @@ class FileService:
                 await trio.lowlevel.checkpoint()
 
     def _close_for(self, connection: Connection, exc: FscacheError) -> None:
-        """End the connection for ``exc``, a fault of its own, saying why."""
+        """End the connection for ``exc``, a fault of its own, saying why (the error
+        is sent, then the receive loop returns and the connection closes)."""
         self.counters.protocol_errors += 1
         log.info("%s: %s; closing", connection.peer, exc)
+        connection.dropped_for = str(exc)  # first: a drop while sending keeps this reason
         connection.send(p.Error(id=None, code=exc.code, message=str(exc)))
 
     async def _wait_for_a_slot(self, connection: Connection) -> None:
@@ -1896,14 +1901,16 @@ def _closed_because(connection: Connection, exc: BaseException | None) -> str:
     """Why a connection ended, for its disconnect event."""
     if connection.goodbye:
         return "goodbye"
-    if connection.silent:
-        return "silent for the session TTL, holding ephemeral files"
+    if connection.dropped_for is not None:
+        return f"dropped by the server: {connection.dropped_for}"
+    if connection.lost is not None:
+        return connection.lost
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]  # a nursery's wrapping
     if exc is None:
         return "closed by the client"
-    if isinstance(exc, trio.Cancelled):
-        return "dropped by the server"
+    if isinstance(exc, trio.Cancelled):  # no drop of its own: the whole server's
+        return "the server is stopping"
     return str(exc) or type(exc).__name__
 
 

@@ -13,6 +13,7 @@ is on 127.0.0.1, port 0, and polls under ``trio.fail_after`` without timing anyt
 from __future__ import annotations
 
 import contextlib
+import logging
 import struct
 
 import cbor2
@@ -78,6 +79,52 @@ async def test_a_frame_over_the_maximum_is_refused_before_its_body_arrives(clust
     error = await closing_error(peer)
     assert error.code == "too_large"
     await assert_service_unharmed(cluster)
+
+
+def disconnects(caplog) -> dict[str, str]:
+    """The reason of each ``disconnect`` event logged so far, by the client's label."""
+    return {
+        r.fields["label"]: r.fields["reason"]
+        for r in caplog.records
+        if getattr(r, "event", None) == "disconnect"
+    }
+
+
+@pytest.mark.parametrize(
+    ("garbage", "said"),
+    [
+        (b"\x00\x00\x00\x03abc", "CBOR"),
+        (p.HEADER.pack(len(cbor2.dumps({"t": "nope"}))) + cbor2.dumps({"t": "nope"}), "nope"),
+        (struct.pack(">I", 10 * 1024 * 1024), "10485760"),
+    ],
+    ids=["not-cbor", "unknown-type", "oversized"],
+)
+async def test_a_connection_the_server_closes_is_logged_and_counted_as_dropped(
+    cluster, caplog, garbage, said
+):
+    caplog.set_level(logging.INFO, logger="fscache.events")
+    peer = await cluster.raw("bad")
+    await peer.send_bytes(garbage)
+    error = await closing_error(peer)
+    reason = disconnects(caplog)["bad"]
+    assert reason == f"dropped by the server: {error.message}" and said in reason, reason
+    await assert_service_unharmed(cluster)
+    assert disconnects(caplog)["bystander"] == "goodbye"
+    assert cluster.service.stats()["connections_dropped"] == 1
+
+
+async def test_a_frame_that_never_ends_is_a_drop_by_the_server(
+    nursery, root, autojump_clock, caplog
+):
+    caplog.set_level(logging.INFO, logger="fscache.events")
+    cluster = Cluster(nursery, root)
+    await cluster.start()
+    peer = await cluster.raw("slow")
+    await peer.send_bytes(struct.pack(">I", 100) + b"\xa1")  # half a frame, then silence
+    error = await closing_error(peer)
+    assert "frame_timeout" in error.message
+    assert disconnects(caplog)["slow"] == f"dropped by the server: {error.message}"
+    assert cluster.service.stats()["connections_dropped"] == 1
 
 
 async def test_mistyped_fields_are_a_protocol_error(cluster):
