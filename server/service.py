@@ -243,6 +243,8 @@ LIMITS = (
     "max_outbox",
 )
 TIMEOUTS = ("frame_timeout", "send_timeout")
+# The limits at which a new connection is refused (counted in connections_refused).
+_CONNECTION_LIMITS = ("max_connections", "max_connections_per_identity")
 
 
 # ---------------------------------------------------------------- restart window
@@ -593,6 +595,7 @@ class FileService:
         self._timer_at = math.inf
         self.counters = Counters()
         self._tls_refusals = Throttle()  # their log lines: at most one a second
+        self._refusals = {limit: Throttle() for limit in _CONNECTION_LIMITS}  # likewise
         self.latency = Latencies()  # fscache.server.latency
         self.access = None if settings.access_file is None else load_access(settings.access_file)
         self.ephemeral = Ties(self.store)  # files tied to sessions (fscache.ephemeral)
@@ -792,7 +795,9 @@ class FileService:
         try:
             try:
                 if self._open > self.settings.max_connections:
-                    await self._refuse_connection(wire, peer, "max_connections", self._open - 1)
+                    # before a TLS handshake the identity is not known yet
+                    identity = None if isinstance(stream, trio.SSLStream) else ANONYMOUS
+                    await self._refuse_connection(wire, peer, identity, self._open - 1)
                     return
                 hello = await self._handshake(wire, decoder, peer, stream)
                 if hello is None:
@@ -809,23 +814,39 @@ class FileService:
         finally:
             self._open -= 1
 
-    async def _refuse_connection(self, wire: Wire, peer: str, limit: str, count: int) -> None:
-        """Tell a connection beyond ``limit`` why it is closed; the others are untouched."""
-        log.warning("%s: %s connections open, the limit %s; refused", peer, count, limit)
-        self.counters.connections_refused += 1
+    async def _refuse_connection(
+        self, wire: Wire, peer: str, identity: str | None, count: int
+    ) -> None:
+        """Tell a connection beyond max_connections why it is closed; the others are
+        untouched."""
+        limit = "max_connections"
+        self._refused(peer, limit, identity, count)
         error = Unavailable(f"the server is at its limit {limit}={count} connections; try later")
         with trio.move_on_after(HANDSHAKE_TIMEOUT):
             await _send_quietly(wire, p.Error(id=None, code=error.code, message=str(error)))
 
-    def _admit(self, identity: str) -> None:
+    def _admit(self, identity: str, peer: str) -> None:
         """Refuse a connection of ``identity`` beyond max_connections_per_identity."""
         limit = self.settings.max_connections_per_identity
         if self._by_identity[identity] >= limit:
-            self.counters.connections_refused += 1
+            self._refused(peer, "max_connections_per_identity", identity, limit)
             raise Unavailable(
                 f"{identity!r} has {limit} connections open, the limit "
                 f"max_connections_per_identity; try later"
             )
+
+    def _refused(self, peer: str, limit: str, identity: str | None, count: int) -> None:
+        """Count and log a connection turned away at ``limit`` (one of
+        :data:`_CONNECTION_LIMITS`) with ``count`` connections open: a warning, at
+        most one a second for each limit (clients retrying at the limit cannot flood
+        the log), and a ``refused`` event every time."""
+        self.counters.connections_refused += 1
+        who = "not known before the TLS handshake" if identity is None else repr(identity)
+        loud_event(
+            self._refusals[limit], trio.current_time(),
+            "refused", "%s: refused at the limit %s (%s connections open; identity %s)",
+            peer, limit, count, who, peer=peer, limit=limit, identity=identity, open=count,
+        )  # fmt: skip
 
     async def _handshake(
         self, wire: Wire, decoder: p.FrameDecoder, peer: str, stream: trio.abc.Stream
@@ -852,7 +873,7 @@ class FileService:
                     raise ProtocolError("session must be at most 256 characters")
                 if message.secret is not None and len(message.secret) > MAX_SECRET:
                     raise ProtocolError(f"secret must be at most {MAX_SECRET} bytes")
-                self._admit(_identity(stream))
+                self._admit(_identity(stream), peer)
             except trio.BrokenResourceError as exc:
                 refused = exc.__cause__
                 if not isinstance(refused, ssl.SSLError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import fractions
+import logging
 import os
 import re
 import threading
@@ -19,6 +20,7 @@ from pathlib import Path
 import cbor2
 import pytest
 import trio
+import trio.testing
 
 import fscache
 from fscache import protocol as p
@@ -101,6 +103,42 @@ async def test_a_connection_beyond_its_identitys_cap_is_refused_before_the_welco
     await first.close()
     await trio.sleep(0.1)
     assert isinstance(await (await cluster.raw("c")).read("f"), p.Data)  # a slot again
+
+
+async def test_refusals_at_either_connection_limit_are_one_warning_and_an_event_each(
+    nursery, root, autojump_clock, caplog
+):
+    """Both limits are logged alike: a WARNING naming the limit, the identity and the
+    peer (at most one a second per limit, counting the rest), and a ``refused`` event
+    each time."""
+    caplog.set_level(logging.INFO, logger="fscache.events")
+    cluster = await started(nursery, root, max_connections=3, max_connections_per_identity=1)
+    await seed(cluster)
+    await cluster.raw("a")
+    for name in ("b", "c"):  # the identity's one connection is a's
+        peer = RawPeer(cluster._connect(name))
+        await peer.send(p.Hello(version=p.PROTOCOL_VERSION, client_id=name))
+        assert isinstance(await peer.receive(), p.Error)
+    await trio.sleep(1.0)  # past the throttle's second
+    held = [cluster._connect(name) for name in ("d", "e")]  # no hello: 3 open with a's
+    await trio.testing.wait_all_tasks_blocked()  # both counted before the next arrives
+    refused = RawPeer(cluster._connect("f"))
+    assert isinstance(await refused.receive(), p.Error)
+
+    records = [r for r in caplog.records if getattr(r, "event", None) == "refused"]
+    fields = [r.fields for r in records]
+    assert [f["limit"] for f in fields] == ["max_connections_per_identity"] * 2 + [
+        "max_connections"
+    ]
+    assert all(f["identity"] == "anonymous" and f["peer"] for f in fields)
+    assert [f["open"] for f in fields] == [1, 1, 3]
+    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings  # the second refusal in the same second is quiet
+    assert "max_connections_per_identity" in warnings[0] and "'anonymous'" in warnings[0]
+    assert "the limit max_connections (3 connections open" in warnings[1]
+    assert cluster.service is not None and cluster.service.counters.connections_refused == 3
+    for stream in held:
+        await stream.aclose()
 
 
 async def test_a_client_turned_away_at_its_identitys_cap_closes_its_connection(
