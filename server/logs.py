@@ -44,6 +44,21 @@ def loud_event(
     EVENTS.warning(message, *args, extra={"event": name, "fields": fields})
 
 
+def rare_event(
+    throttle: Throttle, now: float, name: str, message: str, /, *args: object, **fields: Any
+) -> None:
+    """A WARNING event of a condition that may repeat thousands of times a second (a
+    full disk fails every write): the first, then at most one per ``throttle``'s
+    interval; the ones between are not logged at all, and the next one counts them
+    (its field ``suppressed``)."""
+    quiet = throttle.loud(now)
+    if quiet is None:
+        return
+    if quiet:
+        message += f" (and {quiet} more since the last one of these)"
+    EVENTS.warning(message, *args, extra={"event": name, "fields": {**fields, "suppressed": quiet}})
+
+
 class Throttle:
     """Which records of one kind are loud: the first, then at most one each
     ``interval`` seconds of the caller's clock; it counts the quiet ones between."""

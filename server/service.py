@@ -117,7 +117,7 @@ from fscache.paths import normalize, normalize_key
 from fscache.server.ephemeral import Nowhere, Ties
 from fscache.server.latency import Latencies
 from fscache.server.locks import LockService
-from fscache.server.logs import EVENTS, Throttle, event, loud_event, wall_time
+from fscache.server.logs import EVENTS, Throttle, event, loud_event, rare_event, wall_time
 from fscache.server.store import Facts, Store, Upload
 from fscache.sessions import Attached, SessionTable, default_ttl
 from fscache.settings import (
@@ -245,6 +245,14 @@ LIMITS = (
 TIMEOUTS = ("frame_timeout", "send_timeout")
 # The limits at which a new connection is refused (counted in connections_refused).
 _CONNECTION_LIMITS = ("max_connections", "max_connections_per_identity")
+# Store failures that are the operator's to fix, not the client's: a full disk or
+# quota, a read-only file system, a failing disk, the server's own tree not
+# permitted to it. Each is logged (a warning naming the operation and the path), at
+# most once per cause per STORAGE_WARNING_INTERVAL seconds.
+STORAGE_FAILURES = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EPERM, errno.EACCES}
+)
+STORAGE_WARNING_INTERVAL = 10.0
 
 
 # ---------------------------------------------------------------- restart window
@@ -596,6 +604,7 @@ class FileService:
         self.counters = Counters()
         self._tls_refusals = Throttle()  # their log lines: at most one a second
         self._refusals = {limit: Throttle() for limit in _CONNECTION_LIMITS}  # likewise
+        self._storage_failures: dict[str, Throttle] = {}  # by cause (errno's name)
         self.latency = Latencies()  # fscache.server.latency
         self.access = None if settings.access_file is None else load_access(settings.access_file)
         self.ephemeral = Ties(self.store)  # files tied to sessions (fscache.ephemeral)
@@ -1164,6 +1173,7 @@ class FileService:
             handler(self, connection, message)
         except FscacheError as exc:
             self.counters.errors += 1
+            self._storage_failed(exc, message)
             request_id = getattr(message, "id", None)
             if request_id is None:
                 raise ProtocolError(str(exc)) from None
@@ -1403,6 +1413,7 @@ class FileService:
             await self._blocking_io(self.store.upload_part, upload, part.offset, part.data)
         except FscacheError as exc:
             self.counters.errors += 1
+            self._storage_failed(exc, part)
             if upload.closed:  # a failed write ends the upload
                 connection.uploads.pop(part.upload, None)
             connection.send(p.Error(id=part.id, code=exc.code, message=str(exc)))
@@ -1430,6 +1441,7 @@ class FileService:
             await self._blocking_io(self.store.upload_sync, upload)
         except FscacheError as exc:
             self.counters.errors += 1
+            self._storage_failed(exc, message)
             connection.send(p.Error(id=message.id, code=exc.code, message=str(exc)))
             return
         apply = partial(self.store.upload_commit, upload, message.if_version)
@@ -1467,6 +1479,7 @@ class FileService:
             page, more = await self._blocking_io(self.store.list_page, path, message.after)
         except FscacheError as exc:
             self.counters.errors += 1
+            self._storage_failed(exc, message)
             connection.send(p.Error(id=message.id, code=exc.code, message=str(exc)))
             return
         finally:
@@ -1678,7 +1691,7 @@ class FileService:
             self._serve_range(connection, first, path, term)
             return
         except FscacheError as exc:
-            self._refuse(connection, request.id, exc, path, term)
+            self._refuse(connection, request, exc, path, term)
             return
         if request.have == version:
             self.counters.reads_not_modified += 1
@@ -1695,7 +1708,7 @@ class FileService:
         try:
             version, size, data = self.store.read_range(path, request.offset, request.length)
         except FscacheError as exc:
-            self._refuse(connection, request.id, exc, path, term)
+            self._refuse(connection, request, exc, path, term)
             return
         if not self._not_modified(connection, request, version, term):
             connection.send(p.Chunk(request.id, version, term, size, data))
@@ -1712,7 +1725,7 @@ class FileService:
             except FscacheError as exc:
                 scanned = exc
         if isinstance(scanned, FscacheError):
-            self._refuse(connection, request.id, scanned, key, term)
+            self._refuse(connection, request, scanned, key, term)
             return
         version, page, more = scanned
         if self._not_modified(connection, request.message, version, term):
@@ -1740,13 +1753,38 @@ class FileService:
         return True
 
     def _refuse(
-        self, connection: Connection, request_id: int, exc: FscacheError, key: str, term: float
+        self,
+        connection: Connection,
+        request: _LeasedRead,
+        exc: FscacheError,
+        key: str,
+        term: float,
     ) -> None:
         """A granted read failed (no such file, ...): the error, and no lease."""
         self.counters.errors += 1
-        connection.send(p.Error(id=request_id, code=exc.code, message=str(exc)))
+        self._storage_failed(exc, request)
+        connection.send(p.Error(id=request.id, code=exc.code, message=str(exc)))
         if term > 0:
             self._execute(self.table.relinquish(connection.holder, [key], trio.current_time()))
+
+    def _storage_failed(self, exc: FscacheError, request: p.Message | _Scanned) -> None:
+        """Log ``exc`` if the store failed for a cause of :data:`STORAGE_FAILURES` (the
+        client's own mistakes, no such file, a conflict, a bad path, are not logged):
+        a ``storage_failed`` warning, at most one per cause per
+        STORAGE_WARNING_INTERVAL, counting the ones between. The store's error names
+        the operation and the path."""
+        cause = _storage_cause(exc)
+        if cause is None:
+            return
+        throttle = self._storage_failures.get(cause)
+        if throttle is None:
+            throttle = self._storage_failures[cause] = Throttle(STORAGE_WARNING_INTERVAL)
+        kind = request.message.TYPE if isinstance(request, _Scanned) else request.TYPE
+        rare_event(
+            throttle, trio.current_time(),
+            "storage_failed", "storage failure (%s) in a %s request: %s", cause, kind, exc,
+            cause=cause, request=kind, error=str(exc),
+        )  # fmt: skip
 
     async def _apply_write(self, effect: ApplyWrite) -> None:
         pending = self._pending[effect.op]
@@ -1759,10 +1797,12 @@ class FileService:
             pending.version = await self._blocking_io(pending.apply) or 0
             ok = True
         except NotDurable as exc:  # it took effect: leases on the old value end
+            self._storage_failed(exc, request)
             pending.not_durable = exc
             ok = True
         except FscacheError as exc:
             self.counters.errors += 1
+            self._storage_failed(exc, request)
             pending.connection.send(p.Error(id=request.id, code=exc.code, message=str(exc)))
         except Exception as exc:
             log.exception("write of %s failed", effect.path)
@@ -1916,6 +1956,21 @@ def _peer_name(stream: trio.abc.Stream) -> str:
         return f"{host}:{port}"
     except (AttributeError, OSError, ValueError):
         return "peer"
+
+
+def _storage_cause(exc: BaseException) -> str | None:
+    """The name (``ENOSPC``, ...) of the errno of :data:`STORAGE_FAILURES` behind
+    ``exc``: the store raises its errors while it handles the OSError, which stays
+    their context; None if there is none."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a short chain: the store's error, a wrapper's, the OSError
+        if seen is None:
+            return None
+        if isinstance(seen, OSError):
+            code = seen.errno
+            return errno.errorcode[code] if code in STORAGE_FAILURES else None
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _closed_because(connection: Connection, exc: BaseException | None) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
 import subprocess
@@ -22,11 +23,12 @@ from typing import Any
 import pytest
 import trio
 
+import fscache
 from fscache import protocol as p
 from fscache.client.client import open_client
 from fscache.errors import BadPath, FscacheError, NotDurable
 from fscache.paths import normalize, normalize_key
-from fscache.server.service import ServerSettings
+from fscache.server.service import STORAGE_WARNING_INTERVAL, ServerSettings
 from fscache.server.store import LOCK_FILE, TEMP_PREFIX, Store
 
 from .harness import Cluster, RawPeer
@@ -341,3 +343,55 @@ async def test_an_io_error_fails_the_write_and_the_server_goes_on(
             await a.write("g", b"fine")
             assert await a.read("g") == b"fine"
     assert temp_files(root) == []
+
+
+async def test_storage_failures_are_logged_once_per_cause_and_interval(
+    nursery: trio.Nursery,
+    root: Path,
+    autojump_clock: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A full disk or a refused permission is the operator's to fix: a warning naming
+    the operation and the path, at most one per cause per interval (the rest counted
+    in the next one). The client's own mistakes are not logged."""
+    caplog.set_level(logging.INFO, logger="fscache.events")
+    cluster = Cluster(nursery, root)
+    await cluster.start()
+    errno_now = [errno.ENOSPC]
+
+    def failing_rename(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno_now[0], os.strerror(errno_now[0]))
+
+    def failures() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "event", None) == "storage_failed"]
+
+    async with cluster.client("a") as a:
+        await a.write("f", b"old")
+        with pytest.raises(fscache.NotFound):
+            await a.read("missing")
+        with pytest.raises(fscache.Conflict):
+            await a.write("f", b"lost", if_version=1)
+        monkeypatch.setattr(os, "rename", failing_rename)
+        for _ in range(5):
+            with pytest.raises(FscacheError, match="disk is full"):
+                await a.write("f", b"new")
+        errno_now[0] = errno.EACCES  # another cause: logged at once
+        with pytest.raises(FscacheError, match="not permitted"):
+            await a.write("f", b"new")
+        await trio.sleep(STORAGE_WARNING_INTERVAL)
+        errno_now[0] = errno.ENOSPC
+        with pytest.raises(FscacheError, match="disk is full"):
+            await a.write("g", b"new")
+        monkeypatch.undo()
+        assert await a.read("f") == b"old"
+
+    logged = failures()
+    assert all(r.levelno == logging.WARNING for r in logged)
+    assert [r.fields["cause"] for r in logged] == ["ENOSPC", "EACCES", "ENOSPC"]
+    assert [r.fields["suppressed"] for r in logged] == [0, 0, 4]
+    assert all(r.fields["request"] == "write" for r in logged)
+    assert "cannot write 'f': the store's disk is full" in logged[0].getMessage()
+    assert "cannot write 'g'" in logged[2].getMessage()
+    assert logged[2].getMessage().endswith("(and 4 more since the last one of these)")
+    assert cluster.service is not None and cluster.service.counters.errors == 9
