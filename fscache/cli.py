@@ -310,20 +310,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             raise leaf from None
     except Unavailable as exc:
-        print(f"fscache: unavailable: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        return _failed(args, f"unavailable: {exc}", EXIT_UNAVAILABLE)
     except FscacheError as exc:
         if _credentials_refused(exc):
-            print(f"fscache: unauthorized: {exc}", file=sys.stderr)
-            return EXIT_UNAUTHORIZED
-        print(f"fscache: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+            return _failed(args, f"unauthorized: {exc}", EXIT_UNAUTHORIZED)
+        return _failed(args, f"{type(exc).__name__}: {exc}", EXIT_ERROR)
     except KeyboardInterrupt:  # Ctrl-C: the children are stopped on the way out
+        if _json_log(args):
+            return _failed(args, "interrupted", 130)
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `fscache stats ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception:
+        if not _json_log(args):
+            raise
+        logging.getLogger("fscache").exception("fscache serve: internal error")
+        return EXIT_ERROR
+
+
+def _json_log(args: argparse.Namespace) -> bool:
+    """Whether the command is ``serve --log-format json``: all it writes to stderr
+    is then one JSON object a line."""
+    return bool(args.command == "serve" and args.log_format == "json")
+
+
+def _failed(args: argparse.Namespace, what: str, code: int) -> int:
+    """Say why the command failed, ``fscache: WHAT`` on stderr (a ``fatal`` event in
+    a JSON log), and return its exit status ``code``."""
+    if _json_log(args):
+        from fscache.server.logs import EVENTS
+
+        EVENTS.critical(
+            "fscache: %s", what, extra={"event": "fatal", "fields": {"error": what, "exit": code}}
+        )
+    else:
+        print(f"fscache: {what}", file=sys.stderr)
+    return code
 
 
 def _credentials_refused(exc: FscacheError) -> bool:
@@ -404,7 +428,7 @@ def _serve(args: argparse.Namespace) -> int:
     import trio
 
     from fscache.net import shown_address
-    from fscache.server.logs import configure
+    from fscache.server.logs import configure, event
     from fscache.server.metrics import serve_metrics
     from fscache.server.service import LIMITS, TIMEOUTS, ServerSettings, serve
 
@@ -420,6 +444,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"fscache serve: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure(args.log_format, args.verbose)
+    # In JSON every line on stderr is one object: the shutdown is told there as
+    # events; stdout keeps the lines tools read at start (the serving line first).
+    json_log = args.log_format == "json"
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
@@ -447,16 +474,22 @@ def _serve(args: argparse.Namespace) -> int:
                 print(f"metrics at http://{shown_address(host, port)}/metrics", flush=True)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
-                    print(f"{signal.Signals(signum).name}: shutting down", flush=True)
+                    name = signal.Signals(signum).name
+                    if json_log:
+                        event("shutdown", "%s: shutting down", name, signal=name)
+                    else:
+                        print(f"{name}: shutting down", flush=True)
                     break
             live = service.shutdown()
-            if not service.stopped_cleanly:
-                why = f"{live} lease(s) still live" if live else "writes still held or waiting"
-                print(
-                    f"{why}: the next start holds writes for at least "
-                    f"{service.policy.max_term + args.skew:g} s",
-                    flush=True,
-                )
+            window = 0.0 if service.stopped_cleanly else service.policy.max_term + args.skew
+            why = f"{live} lease(s) still live" if live else "writes still held or waiting"
+            if json_log:
+                event(
+                    "stopped", "stopped %s", "cleanly" if window == 0 else f"({why})",
+                    clean=window == 0, leases_live=live, next_restart_window_s=window,
+                )  # fmt: skip
+            elif window:
+                print(f"{why}: the next start holds writes for at least {window:g} s", flush=True)
             nursery.cancel_scope.cancel()
 
     trio.run(run)

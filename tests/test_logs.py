@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import socket
 import subprocess
 import sys
@@ -250,3 +251,38 @@ def test_the_throttle_lets_one_a_second_through_and_counts_the_rest() -> None:
     assert [throttle.loud(t) for t in (10.0, 10.2, 10.9, 11.0, 11.5, 13.0)] == [
         0, None, None, 2, None, 1,
     ]  # fmt: skip
+
+
+def test_a_json_server_tells_its_stop_and_a_fatal_error_as_json(root: Path, tmp_path: Path) -> None:
+    """With ``--log-format json`` every line on stderr is one object, the shutdown and
+    a fatal error included; stdout holds only the serving line."""
+    log_path = tmp_path / "server.log"
+    args = ("--root", str(root), "--port", "0", "--term", str(TERM), "--log-format", "json")
+    with log_path.open("w") as log_file, serve_process(*args, stderr=log_file) as server:
+        with fscache.connect(server.address) as client:
+            client.write("f.txt", b"x")  # the writer's lease on it is live at the stop
+            server.process.send_signal(signal.SIGTERM)
+            assert server.process.wait(timeout=30) == 0
+        assert server.process.stdout is not None
+        assert server.process.stdout.read() == ""  # nothing after the serving line
+    with socket.socket() as listening:  # a port taken: the next server cannot listen
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        taken = subprocess.run(
+            [sys.executable, "-m", "fscache", "serve", "--root", str(root),
+             "--port", str(listening.getsockname()[1]), "--log-format", "json"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    logged = {line["event"]: line for line in events(log_path)}
+    assert logged["shutdown"]["signal"] == "SIGTERM"
+    stopped = logged["stopped"]
+    assert stopped["clean"] is False
+    assert stopped["leases_live"] == 1
+    assert stopped["next_restart_window_s"] == pytest.approx(TERM + SKEW)
+
+    assert taken.returncode == 1 and taken.stdout == ""
+    failed = [json.loads(line) for line in taken.stderr.splitlines()]
+    assert failed[-1]["event"] == "fatal" and failed[-1]["level"] == "critical"
+    assert "cannot listen on 127.0.0.1:" in failed[-1]["error"]
+    assert failed[-1]["exit"] == 1
