@@ -79,6 +79,18 @@ INFO = "epoch"  # a label of fscache_server_info, not a number
 COUNTERS = {"connections_total": "fscache_connections_accepted"}
 
 
+# What a counter counts, where its field's name does not say it all (the rest are
+# "stats: FIELD"; docs/design.md, Stats, defines every one).
+COUNTER_HELP = {
+    "reads": "whole-file read requests that reached the server (ranged reads are range_reads)",
+    "range_reads": "read_range requests: ranged reads (fscache read, fsspec and the mount"
+    " read this way, and the chunks after a big file's first)",
+    "reads_not_modified": "read, read_range and scandir requests answered not modified",
+    "connections_dropped": "connections the server closed after their hello",
+    "connections_refused": "connections refused at max_connections or max_connections_per_identity",
+}
+
+
 def counter_family(field: str) -> str:
     """The counter family of ``fscache stats`` field ``field`` (its sample adds ``_total``)."""
     return COUNTERS.get(field, f"fscache_{field}")
@@ -128,7 +140,8 @@ class ServiceCollector(Collector):
                 name, doc = GAUGES[field]
                 yield GaugeMetricFamily(name, doc, value=value)
             else:
-                yield CounterMetricFamily(counter_family(field), f"stats: {field}", value)
+                doc = COUNTER_HELP.get(field, f"stats: {field}")
+                yield CounterMetricFamily(counter_family(field), doc, value)
         for field, (name, doc) in HISTOGRAMS.items():
             counts, total = snapshot.histograms[field]
             cumulative, buckets = 0, []

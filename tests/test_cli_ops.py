@@ -7,6 +7,7 @@ bound needs Linux's ``/proc``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -125,3 +126,13 @@ def test_read_and_write_stream_a_big_file_in_bounded_memory(served, tmp_path):  
             assert chunk == b.read(8 * MIB)
     assert write_peak < 100, write_peak  # MiB: far below the file's 160
     assert read_peak < 100, read_peak
+
+
+def test_read_streams_by_ranges_so_it_counts_in_range_reads(served):  # noqa: F811
+    assert fscache_command("write", served, "f.txt", "-", stdin=b"abc").returncode == 0
+    before = json.loads(fscache_command("stats", served).stdout)
+    read = fscache_command("read", served, "f.txt")
+    assert (read.returncode, read.stdout) == (0, b"abc")
+    after = json.loads(fscache_command("stats", served).stdout)
+    assert after["range_reads"] == before["range_reads"] + 1
+    assert after["reads"] == before["reads"]  # whole-file reads only (docs/design.md, Stats)

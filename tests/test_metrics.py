@@ -312,6 +312,24 @@ def test_a_histogram_counts_each_duration_in_the_first_bucket_that_holds_it() ->
     assert total == pytest.approx(71.0011)
 
 
+def test_the_read_counters_say_which_requests_each_counts() -> None:
+    """``reads`` counts whole-file reads only; ``fscache read`` and every ranged read
+    move ``range_reads`` (docs/design.md, Stats)."""
+    empty = Histogram().snapshot()
+    stats = {"reads": 1, "range_reads": 2, "reads_not_modified": 0, "pings": 0}
+    snapshot = Snapshot(stats, {"read": empty, "write": empty, "write_delay": empty})
+    families = {f.name: f for f in ServiceCollector(lambda: snapshot, snapshot).collect()}
+
+    assert "whole-file read requests" in families["fscache_reads"].documentation
+    assert "range_reads" in families["fscache_reads"].documentation
+    assert "fscache read" in families["fscache_range_reads"].documentation
+    assert "scandir" in families["fscache_reads_not_modified"].documentation
+    assert families["fscache_pings"].documentation == "stats: pings"
+    design = (Path(__file__).parent.parent / "docs" / "design.md").read_text()
+    assert "| `reads` | whole-file `read` requests that reached the server" in design
+    assert "such as `fscache read`" in design
+
+
 def test_the_collector_reports_cumulative_buckets_and_counters_with_total() -> None:
     read = Histogram()
     read.observe(0.002)
