@@ -37,6 +37,7 @@ from fscache.settings import (
     SEND_TIMEOUT,
     BadSetting,
     check_duration,
+    check_host,
 )
 
 # `fscache serve` announces itself with this first line; tools that start a server
@@ -73,6 +74,15 @@ def _limit(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1: {text!r}")
     return int(text)
+
+
+def _host(text: str) -> str:
+    """An address to listen on (an IPv6 one may be in brackets), checked by
+    :func:`fscache.settings.check_host`."""
+    try:
+        return check_host("the address", text)
+    except BadSetting as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _port(text: str) -> int:
@@ -131,8 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", metavar="FILE", help="options from a TOML file; flags win")
     serve.add_argument("--root", metavar="DIR", help="the directory to serve (required)")
     serve.add_argument(
-        "--host", default=DEFAULT_HOST, help="the address to listen on (default %(default)s)"
-    )
+        "--host", type=_host, default=DEFAULT_HOST,
+        help="the address to listen on (default %(default)s)",
+    )  # fmt: skip
     serve.add_argument(
         "--port", type=_port, default=DEFAULT_PORT,
         help="the port to listen on; 0 picks a free one (default %(default)s)",
@@ -167,8 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port", type=_port, help="serve Prometheus metrics at /metrics; 0: a free port"
     )
     serve.add_argument(
-        "--metrics-host", default=DEFAULT_HOST, help="the metrics' address (default %(default)s)"
-    )
+        "--metrics-host", type=_host, default=DEFAULT_HOST,
+        help="the metrics' address (default %(default)s)",
+    )  # fmt: skip
     serve.add_argument(
         "--log-format", choices=("text", "json"), default="text",
         help="json: one JSON object per line per event (default %(default)s)",

@@ -51,6 +51,20 @@ def check_duration(name: str, value: object) -> float:
     return float(value)
 
 
+def check_host(name: str, host: str) -> str:
+    """``host`` as the resolver takes it, if it is a host: a name or an address. An
+    IPv6 address may come in brackets, as in ``HOST:PORT`` (``[::1]``): they are
+    taken off. An empty host names no address."""
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host.strip():
+        raise BadSetting(
+            f"{name} must be a host name or an address, such as 127.0.0.1, ::1, localhost"
+            f" or 0.0.0.0 (every interface), not {host!r}"
+        )
+    return host
+
+
 MAX_EXTENT = 2**63 - 1  # off_t: the kernel's file offsets and sizes are signed 64-bit
 
 

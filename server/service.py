@@ -140,6 +140,7 @@ from fscache.settings import (
     SEND_TIMEOUT,
     BadSetting,
     check_duration,
+    check_host,
 )
 
 log = logging.getLogger("fscache.server")
@@ -203,6 +204,7 @@ class ServerSettings:
     frame_timeout: float = FRAME_TIMEOUT
 
     def __post_init__(self) -> None:
+        self.host = check_host("host", self.host)
         self.term = check_duration("term", self.term)
         self.skew = check_duration("skew", self.skew)
         if self.session_ttl is not None:

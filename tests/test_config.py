@@ -23,6 +23,7 @@ import fscache
 from fscache.cli import _serve_options, _subcommand, build_parser, main
 from fscache.server.config import BadConfig, load, options
 from fscache.server.service import LIMITS, TIMEOUTS, ServerSettings
+from fscache.settings import BadSetting
 from fscache.tls import client_context, make_certs
 
 from .test_metrics import serve_process
@@ -74,6 +75,8 @@ def test_a_key_written_with_underscores_is_unknown_and_the_dashed_one_suggested(
         ("max-connections = 0", "max-connections: must be a whole number >= 1"),
         ("max-outbox = 1.5", "max-outbox must be an integer, not float 1.5"),
         ("send-timeout = 0", "send-timeout: must be more than 0 seconds"),
+        ('host = ""', "host: the address must be a host name or an address, such as 127.0.0.1"),
+        ('metrics-host = " "', "metrics-host: the address must be a host name or an address"),
     ],
 )
 def test_a_wrong_value_is_named_with_its_key_and_what_it_must_be(
@@ -135,6 +138,30 @@ def test_limits_wrong_together_are_bad_usage_with_the_reason(
 ) -> None:
     assert main(["serve", "--root", str(tmp_path), "--max-outbox", "1000"]) == 2
     assert "fscache serve: error: max_outbox must be at least max_frame" in capsys.readouterr().err
+
+
+def test_a_bracketed_ipv6_host_is_taken_without_its_brackets(tmp_path: Path) -> None:
+    path = config(tmp_path, 'root = "r"\nhost = "[::1]"\n')
+
+    assert serve_args("--config", path).host == "::1"
+    assert serve_args("--root", "r", "--host", "[::1]", "--metrics-host", "[::1]").metrics_host == (
+        "::1"
+    )
+    assert ServerSettings(root="r", host="[::1]").host == "::1"
+    with pytest.raises(BadSetting, match="host must be a host name or an address"):
+        ServerSettings(root="r", host="")
+
+
+def test_an_empty_host_on_the_command_line_is_bad_usage_with_what_a_host_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--root", str(tmp_path), "--host", ""])
+
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --host: the address must be a host name or an address" in err
+    assert "::1" in err and "0.0.0.0" in err
 
 
 @pytest.mark.parametrize(
