@@ -31,17 +31,21 @@ def event(name: str, message: str, /, *args: object, **fields: Any) -> None:
 def loud_event(
     throttle: Throttle, now: float, name: str, message: str, /, *args: object, **fields: Any
 ) -> None:
-    """Like :func:`event`, but one an operator should see without ``-v``: at WARNING,
-    which the text log shows, for the first and then at most one per ``throttle``'s
-    interval (a peer that keeps trying cannot flood the log). The ones between stay
-    INFO events (JSON and ``-v`` have every one); the next loud one counts them."""
+    """Log event ``name`` as one an operator should see without ``-v``: at WARNING.
+    Its level is its kind's, every time, never the clock's: a refused TLS handshake
+    is a warning whether or not another came just before. Only what the text log
+    shows is throttled: the first, then at most one per ``throttle``'s interval (a
+    peer that keeps trying cannot flood it), the next one shown counting those
+    hidden; JSON and ``-v`` show every one."""
     quiet = throttle.loud(now)
-    if quiet is None:
-        event(name, message, *args, **fields)
-        return
     if quiet:
         message += f" (and {quiet} more since the last one of these)"
-    EVENTS.warning(message, *args, extra={"event": name, "fields": fields})
+    EVENTS.warning(message, *args, extra={"event": name, "fields": fields, "quiet": quiet is None})
+
+
+def _not_quiet(record: logging.LogRecord) -> bool:
+    """The text log's filter: hides the records :func:`loud_event` throttled."""
+    return not getattr(record, "quiet", False)
 
 
 def rare_event(
@@ -106,7 +110,8 @@ def configure(log_format: str, verbose: int) -> None:
     """Set the serve command's log: ``log_format`` (text or json) on every handler of
     the root logger; fscache's INFO records, and its DEBUG ones with ``-v``. In text
     the events are quiet unless ``-v``, as the connections' lines always were, but
-    for the few an operator must see (:func:`loud_event`: a refused TLS handshake)."""
+    for the few an operator must see (:func:`loud_event`: a refused TLS handshake or
+    connection, throttled; :func:`rare_event`: a failing disk)."""
     formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
     for handler in logging.getLogger().handlers:
         handler.setFormatter(formatter)
@@ -114,3 +119,4 @@ def configure(log_format: str, verbose: int) -> None:
         logging.getLogger("fscache").setLevel(logging.INFO)
         if log_format == "text":
             EVENTS.setLevel(logging.WARNING)
+            EVENTS.addFilter(_not_quiet)

@@ -890,7 +890,10 @@ class FileService:
                 if not isinstance(refused, ssl.SSLError):
                     raise
                 reason = refused.reason or str(refused)  # e.g. CERTIFICATE_VERIFY_FAILED
-                loud_event(  # a client with the wrong bundle, or none: the operator's to fix
+                # A client with the wrong bundle, or none, or plain TCP: the operator's to
+                # fix, so a warning for every cause (loud_event: the level never depends on
+                # the cause or on how many came just before; only the text log is throttled).
+                loud_event(
                     self._tls_refusals, trio.current_time(),
                     "tls_refused", "%s: TLS handshake failed: %s", peer, reason,
                     peer=peer, reason=reason,

@@ -25,7 +25,7 @@ import trio
 
 import fscache
 from fscache.server.logs import EVENTS, JsonFormatter, Throttle, event
-from fscache.tls import make_certs
+from fscache.tls import client_context, make_certs
 
 from .harness import Cluster
 from .test_metrics import serve_process
@@ -286,3 +286,33 @@ def test_a_json_server_tells_its_stop_and_a_fatal_error_as_json(root: Path, tmp_
     assert failed[-1]["event"] == "fatal" and failed[-1]["level"] == "critical"
     assert "cannot listen on 127.0.0.1:" in failed[-1]["error"]
     assert failed[-1]["exit"] == 1
+
+
+def test_every_refused_tls_handshake_is_a_warning_in_json_whatever_came_before(
+    root: Path, tmp_path: Path
+) -> None:
+    """One rule for the level of ``tls_refused``: a warning, whatever the cause and
+    however soon after another (the text log's throttle hides lines, not levels)."""
+    make_certs(tmp_path / "tls", clients=["c"])
+    make_certs(tmp_path / "strangers", clients=["c"])
+    log_path = tmp_path / "server.log"
+    args = ("--root", str(root), "--port", "0", "--log-format", "json")
+    tls = ("--tls", str(tmp_path / "tls" / "server"))
+
+    def plain_hello(port: int) -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"not a TLS hello\n")
+            while sock.recv(4096):
+                pass
+
+    with log_path.open("w") as log_file, serve_process(*args, *tls, stderr=log_file) as server:
+        plain_hello(server.port)
+        stranger = client_context(tmp_path / "strangers" / "clients" / "c")
+        with pytest.raises(fscache.Unauthorized):  # at once after: once a quiet one
+            fscache.connect(server.address, ssl_context=stranger)
+        plain_hello(server.port)
+        wait_for_events(log_path, "tls_refused", 3)
+
+    refused = [line for line in events(log_path) if line["event"] == "tls_refused"]
+    assert len(refused) == 3
+    assert [line["level"] for line in refused] == ["warning"] * 3, refused
