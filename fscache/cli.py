@@ -223,14 +223,20 @@ def build_parser() -> argparse.ArgumentParser:
     write.add_argument("path", metavar="PATH")
     write.add_argument("source", metavar="FILE|-", nargs="?", default="-")
     write.add_argument("--if-version", type=int, help="compare-and-set: only if at VERSION")
+    fence_help = "only while TOKEN is the newest of the lock NAME (fencing)"
+    write.add_argument("--fence", metavar="NAME:TOKEN", type=_fence, help=fence_help)
     ls = client_command("ls", "list a directory")
     ls.add_argument("path", metavar="DIR", nargs="?", default="")
     mv = client_command("mv", "rename SRC to DST atomically (prints DST's version)")
     mv.add_argument("src", metavar="SRC")
     mv.add_argument("dst", metavar="DST")
+    mv.add_argument("--fence", metavar="NAME:TOKEN", type=_fence, help=fence_help)
     rm = client_command("rm", "delete a file (rmdir removes a directory)")
     rm.add_argument("path", metavar="PATH")
     rm.add_argument("--if-version", type=int, help="compare-and-set: only if at VERSION")
+    rm.add_argument("--fence", metavar="NAME:TOKEN", type=_fence, help=fence_help)
+    leader = client_command("leader", "print who holds a lock (nothing if nobody does)")
+    leader.add_argument("name", metavar="NAME")
     client_command("mkdir", "make a directory").add_argument("path", metavar="DIR")
     client_command("rmdir", "remove an empty directory").add_argument("path", metavar="DIR")
     client_command("stats", "print the server's counters as JSON")
@@ -552,20 +558,42 @@ def _write(args: argparse.Namespace) -> int:
             raise FscacheError(f"cannot read {args.source}: {exc.strerror}") from None
     with source:
         version = _with_client(
-            args, lambda c: c.write(args.path, source, if_version=args.if_version)
+            args,
+            lambda c: c.write(args.path, source, if_version=args.if_version, fence=args.fence),
         )
     print(version)
     return 0
 
 
 def _mv(args: argparse.Namespace) -> int:
-    print(_with_client(args, lambda c: c.rename(args.src, args.dst)))
+    print(_with_client(args, lambda c: c.rename(args.src, args.dst, fence=args.fence)))
     return 0
 
 
 def _rm(args: argparse.Namespace) -> int:
-    _with_client(args, lambda c: c.delete(args.path, if_version=args.if_version))
+    _with_client(args, lambda c: c.delete(args.path, if_version=args.if_version, fence=args.fence))
     return 0
+
+
+def _leader(args: argparse.Namespace) -> int:
+    """The lock's holder's identity on stdout; nothing there (and a word on stderr)
+    if nobody holds it: a script tests the output, a person reads both."""
+    identity = _with_client(args, lambda c: c.leader(args.name))
+    if identity is None:
+        print(f"nobody holds {args.name!r}", file=sys.stderr)
+    else:
+        print(identity)
+    return 0
+
+
+def _fence(text: str) -> tuple[str, int]:
+    """``--fence NAME:TOKEN``: a lock's name and a fencing token (bad usage otherwise)."""
+    name, colon, token = text.rpartition(":")
+    if not colon or not name or not token.isdigit() or int(token) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not NAME:TOKEN (a lock's name, a token of 1 or more)"
+        )
+    return name, int(token)
 
 
 def _mkdir(args: argparse.Namespace) -> int:
@@ -664,6 +692,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "ls": _ls,
     "mv": _mv,
     "rm": _rm,
+    "leader": _leader,
     "mkdir": _mkdir,
     "rmdir": _rmdir,
     "stats": _stats,

@@ -15,6 +15,8 @@ from typing import IO
 
 import pytest
 
+import fscache
+
 from .test_end_to_end import fscache_command, served  # noqa: F401 (a fixture)
 
 MIB = 1 << 20
@@ -136,3 +138,28 @@ def test_read_streams_by_ranges_so_it_counts_in_range_reads(served):  # noqa: F8
     after = json.loads(fscache_command("stats", served).stdout)
     assert after["range_reads"] == before["range_reads"] + 1
     assert after["reads"] == before["reads"]  # whole-file reads only (docs/design.md, Stats)
+
+
+def test_leader_names_a_locks_holder_and_fence_guards_write_rm_and_mv(served):  # noqa: F811
+    """``fscache leader`` prints who holds a lock (nothing, and a word on stderr, when
+    nobody does); ``--fence NAME:TOKEN`` lets a change through only while TOKEN is the
+    lock's newest."""
+    nobody = fscache_command("leader", served, "jobs/leader")
+    assert (nobody.returncode, nobody.stdout) == (0, b"")
+    assert b"nobody holds 'jobs/leader'" in nobody.stderr
+    with fscache.connect(served) as c:
+        with c.lock("jobs/leader", 30, identity="worker-7") as lock:
+            assert fscache_command("leader", served, "jobs/leader").stdout == b"worker-7\n"
+            fence = f"jobs/leader:{lock.token}"
+            done = fscache_command("write", served, "f", "-", "--fence", fence, stdin=b"x")
+            assert done.returncode == 0
+            assert fscache_command("mv", served, "f", "g", "--fence", fence).returncode == 0
+        stale = fscache_command("rm", served, "g", "--fence", fence)  # released: still newest
+        assert stale.returncode == 0
+        c.write("h", b"y")
+        with c.lock("jobs/leader", 30):  # a newer token: the old one is refused
+            refused = fscache_command("rm", served, "h", "--fence", fence)
+            assert refused.returncode == 1 and refused.stderr.startswith(b"fscache: Conflict: ")
+    for bad in ("jobs/leader", "jobs/leader:", ":3", "jobs/leader:0", "jobs/leader:x"):
+        usage = fscache_command("write", served, "f", "-", "--fence", bad)
+        assert usage.returncode == 2 and b"NAME:TOKEN" in usage.stderr
