@@ -16,6 +16,8 @@ Life of a client
   interpreter exits is closed then (``weakref.finalize``): otherwise each would keep
   its thread and socket, and its leases would hold up every writer for a term. This
   works because the loop thread holds only :class:`_Loop`, never the client itself.
+  ``close()`` may be called from a trio task too (it blocks that task for the
+  goodbye); the other calls refuse to, and say to use the async client there.
 * **Interrupting.** A call interrupted on the caller's thread (Ctrl-C's
   ``KeyboardInterrupt``) is cancelled on the loop thread too, and waited for, so an
   interrupted ``acquire`` holds nothing, as a cancelled one does in the async client.
@@ -59,6 +61,10 @@ INTERRUPTED_WAIT = 5.0
 
 CLOSED = "client is closed"
 FORKED = "client was made in the parent process before a fork: connect again in this one"
+IN_TRIO = (
+    "a blocking client's calls block: from a trio task use fscache.open_client, or make"
+    " the call in a thread (trio.to_thread.run_sync); close() works from anywhere"
+)
 
 
 class _Loop:
@@ -120,7 +126,10 @@ class _Loop:
 
     def close(self) -> None:
         """Say goodbye (the async client's close) and wait for the thread to end; when
-        the collector runs this on the loop thread itself, only ask it to stop."""
+        the collector runs this on the loop thread itself, only ask it to stop. Works
+        from any other thread, a trio task's among them (``run_sync_soon`` does not
+        mind being called from inside a trio run, as ``from_thread`` does): that task
+        is blocked for the goodbye, as by any blocking call."""
         stop = self._stop
         if threading.current_thread() is self.thread:
             if stop is not None:
@@ -128,7 +137,7 @@ class _Loop:
             return
         if stop is not None:
             with contextlib.suppress(trio.RunFinishedError):
-                trio.from_thread.run_sync(stop.set, trio_token=self.token)
+                self.token.run_sync_soon(stop.set)
         self.thread.join()
 
 
@@ -366,6 +375,8 @@ class BlockingClient:
         the module's note)."""
         if self._closed:
             raise FscacheError(self._closed_reason)
+        if trio.lowlevel.in_trio_run():  # (trio's own error would not say what to do)
+            raise RuntimeError(IN_TRIO)
         scope = trio.CancelScope()
         ended = threading.Event()
 

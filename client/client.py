@@ -1537,8 +1537,15 @@ class Client:
         session, secret = self._session or (None, None)
         return p.Hello(p.PROTOCOL_VERSION, self.client_id, session=session, secret=secret)
 
-    async def _run(self, first: tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]) -> None:
-        """Keep a connection up until closed: serve it, reconnect with backoff."""
+    async def _run(
+        self,
+        first: tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Keep a connection up until closed: serve it, reconnect with backoff. Started
+        (``task_status``) once the first connection is the client's link: ``epoch``
+        and ``connected`` are right from then on."""
         connection: tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder] | None = first
         failures = 0
         while not self._closing:
@@ -1558,11 +1565,17 @@ class Client:
                     continue
                 self._counters.reconnects += 1
             failures = 0
-            await self._serve_link(*connection)
+            await self._serve_link(*connection, started=task_status)
+            task_status = trio.TASK_STATUS_IGNORED
             connection = None
 
     async def _serve_link(
-        self, stream: trio.abc.Stream, welcome: p.Welcome, decoder: p.FrameDecoder
+        self,
+        stream: trio.abc.Stream,
+        welcome: p.Welcome,
+        decoder: p.FrameDecoder,
+        *,
+        started: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         wire = wire_for(stream)
         with trio.CancelScope() as cancel:
@@ -1574,6 +1587,7 @@ class Client:
                 log.info("server restarted (epoch %s -> %s)", self.epoch, welcome.epoch)
             self.epoch = welcome.epoch
             self._set_link(link)
+            started.started()
             self._write_again = self._write_again or (not welcome.resumed and bool(self._ephemeral))
             try:
                 async with trio.open_nursery() as nursery:
@@ -1916,7 +1930,7 @@ async def open_client(
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         client._nursery = nursery
-        nursery.start_soon(client._run, first)
+        await nursery.start(client._run, first)  # epoch and connected are right at once
         try:
             yield client
         except BaseException as exc:  # re-raised below, outside the nursery: the

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import trio
 
 import fscache
 from fscache.cli import parse_serving_line
@@ -164,3 +165,26 @@ def test_a_forked_child_never_reads_the_parents_cache(address: str) -> None:
         assert results.get(timeout=5) == ("parent's client", True, FORKED)
         assert results.get(timeout=5) == ("own client", b"new")
         assert parent.read("fork/f") == b"new"  # the parent's client is unharmed
+
+
+def test_a_client_closed_from_inside_a_trio_task_ends_its_thread_and_session(
+    address: str,
+) -> None:
+    """``close()`` blocks for the goodbye, which a trio task may do; the other calls
+    say to use the async client or a thread instead."""
+    with fscache.connect(address) as writer:
+        writer.write("trio/f", b"x")
+    threads = threading.active_count()
+
+    async def main() -> None:
+        client = fscache.connect(address)
+        assert client.epoch is not None  # known as soon as connect() returns
+        with pytest.raises(RuntimeError, match="open_client"):
+            client.read("trio/f")
+        assert await trio.to_thread.run_sync(client.read, "trio/f") == b"x"  # 30 s lease
+        client.close()
+        assert client.closed
+
+    trio.run(main)
+    assert threading.active_count() == threads
+    wait_until(lambda: live_leases(address) == 0, "the closed client's lease is still live")

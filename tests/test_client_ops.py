@@ -522,3 +522,10 @@ async def test_the_blocking_client_has_the_same_operations(nursery, root, tmp_pa
 
     await trio.to_thread.run_sync(use)
     assert (tmp_path / "out.bin").read_bytes() == source.read_bytes()
+
+
+async def test_epoch_and_connected_are_right_when_open_client_returns(cluster):
+    service = cluster.service
+    async with cluster.client("a") as a:
+        assert a.connected and a.epoch == service.epoch and a.session_id is not None
+    assert not a.connected
