@@ -55,7 +55,7 @@ import trio
 from fscache import protocol as p
 from fscache.errors import FscacheError, LockLost, LockTimeout, Unavailable
 from fscache.paths import normalize
-from fscache.settings import DEFAULT_LOCK_TTL, check_duration, check_lock_ttl
+from fscache.settings import DEFAULT_LOCK_TTL, BadSetting, check_duration, check_lock_ttl
 
 if TYPE_CHECKING:
     from fscache.client.client import Client, _Link, _Request
@@ -350,6 +350,8 @@ def fence_of(fence: Lock | p.Fence | None) -> p.Fence | None:
     name, token = fence
     if not isinstance(token, int) or isinstance(token, bool):
         raise TypeError(f"a fence's token must be an int, not {token!r}")
+    if token < 1:  # (the server refuses it too: fscache.locks.LockTable.check_fence)
+        raise BadSetting(f"a fence's token must be >= 1 (tokens start at 1), not {token}")
     return (normalize(name), token)
 
 

@@ -44,7 +44,8 @@ Lock names follow the path rules but are a namespace of their own: a lock named
   released record needs no wait.
 * Fencing. A change that names a lock and a token is allowed only while the token
   is the newest granted for that name (:meth:`LockTable.check_fence`): a paused
-  holder whose lock passed to someone else is refused.
+  holder whose lock passed to someone else is refused. Tokens start at 1, so a
+  fence naming token 0 (or less) is always refused, never locked or not.
 * Sessions. A session ended with a goodbye releases its locks and drops its
   queued acquires. A session whose connection is lost without one keeps its locks
   until they expire (it may resume and renew them: the session lives at least
@@ -230,7 +231,14 @@ class LockTable:
         return 0 if state is None else state.token
 
     def check_fence(self, name: str, token: int) -> None:
-        """Raise :class:`Conflict` unless ``token`` is the newest granted for ``name``."""
+        """Raise :class:`Conflict` unless ``token`` is the newest granted for ``name``.
+        Tokens start at 1: a fence naming 0 (or less) names no grant, and is refused
+        even for a name never locked (whose newest token is 0)."""
+        if token < 1:
+            raise Conflict(
+                f"fenced by lock {name!r} with token {token}, but tokens start at 1:"
+                " the change is refused"
+            )
         newest = self.newest_token(name)
         if token != newest:
             raise Conflict(

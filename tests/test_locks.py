@@ -195,6 +195,19 @@ def test_only_the_newest_token_passes_the_fence() -> None:
         locks.check_fence("never", 1)
 
 
+@pytest.mark.parametrize("token", [0, -1])
+def test_a_fence_naming_no_grant_is_refused_even_on_a_name_never_locked(token: int) -> None:
+    locks = table()
+    for now in (0.0, 1.0):  # never locked; then its lock released (newest token 1)
+        with pytest.raises(Conflict, match=f"token {token}, but tokens start at 1"):
+            locks.check_fence("never", token)
+        with pytest.raises(Conflict, match="tokens start at 1"):
+            locks.check_fence("l", token)
+        if now == 0.0:
+            locks.acquire(OpId(1), A, "l", TTL, "a", now=now)
+            locks.release(A, "l", 1, now=now)
+
+
 # ---------------------------------------------------------------- restart
 def test_a_restarted_table_holds_a_maybe_held_name_back_for_its_ttl_plus_skew() -> None:
     records = [Record("held", 4, 7.0, held=True), Record("free", 9, TTL, held=False)]

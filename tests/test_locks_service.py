@@ -263,6 +263,22 @@ async def test_a_fenced_write_is_refused_once_a_newer_token_exists(
         assert await a.read("out.txt") == b"two"
 
 
+async def test_a_fence_of_token_0_sent_anyway_is_refused_by_the_server(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The client refuses it before sending; a peer that sends it is refused too."""
+    raw = await cluster.raw("raw")
+    for fence in (("never/locked", 0), ("never/locked", -1)):
+        await raw.send(p.Write(id=1, path="out.txt", data=b"x", fence=fence))
+        reply = await raw.receive()
+        assert isinstance(reply, p.Error) and reply.code == fscache.Conflict.code
+        assert "tokens start at 1" in reply.message
+    await raw.close()
+    async with cluster.client("a") as a:
+        with pytest.raises(fscache.NotFound):
+            await a.read("out.txt")
+
+
 async def test_a_fenced_write_queued_before_the_hand_over_is_refused_when_applied(
     cluster: Cluster, autojump_clock: trio.testing.MockClock
 ) -> None:

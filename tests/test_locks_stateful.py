@@ -18,7 +18,8 @@ The invariants are the rules of :mod:`fscache.locks`:
 (c) no grant while another session may still believe it holds the name: a belief
     that ran out by time ended ``2 * skew`` before the grant or earlier (one its
     holder gave up, by release or goodbye, needs no margin);
-(d) every live belief passes the fence (its token is the newest of its name);
+(d) every live belief passes the fence (its token is the newest of its name), and
+    token 0 never does;
 (e) ``next_deadline()`` is always ahead (time passes only by ticks), and ticking
     before it does nothing;
 (g) a session that holds a name in the table is held (``held_until``, how long its
@@ -200,6 +201,12 @@ class LockTableMachine(RuleBasedStateMachine):
                     self.table.check_fence(name, belief.token)
                 except Conflict as exc:
                     raise AssertionError(f"(d) {exc}") from None
+        for name in NAMES:  # token 0 names no grant: never a pass, locked or not
+            try:
+                self.table.check_fence(name, 0)
+            except Conflict:
+                continue
+            raise AssertionError(f"(d) token 0 passed the fence of {name}")
 
     @invariant()
     def a_query_names_whoever_may_believe_it_holds(self) -> None:
