@@ -55,7 +55,13 @@ import trio
 from fscache import protocol as p
 from fscache.errors import FscacheError, LockLost, LockTimeout, Unavailable
 from fscache.paths import normalize
-from fscache.settings import DEFAULT_LOCK_TTL, BadSetting, check_duration, check_lock_ttl
+from fscache.settings import (
+    DEFAULT_LOCK_TTL,
+    BadSetting,
+    check_duration,
+    check_identity,
+    check_lock_ttl,
+)
 
 if TYPE_CHECKING:
     from fscache.client.client import Client, _Link, _Request
@@ -209,7 +215,9 @@ async def acquire(
     ttl = check_lock_ttl(ttl, _skew(client))
     if timeout is not None and timeout != math.inf:  # (inf: no timeout)
         timeout = check_duration("timeout", timeout)
-    identity = client.client_id if identity is None else identity
+    if identity is None:
+        identity = client.client_id
+    check_identity(identity)  # before anything is sent (the server refuses it too)
     cut = False  # a wait was cut off with its connection: its grant may have been too
     with trio.move_on_after(timeout or math.inf):  # 0: the server answers at once
         while True:

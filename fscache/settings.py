@@ -36,6 +36,7 @@ LISTING_PAGE_ENTRIES = 4096  # names in one listing page (a scandir page stats e
 LISTING_PAGE_BYTES = 1024 * 1024  # bytes of names in one listing page
 DEFAULT_LOCK_TTL = 10.0  # seconds: a lock's ttl when none is given (the lease term's)
 MAX_LOCK_TTL = 300.0  # seconds: a lock's longest ttl, and so a restarted server's longest hold
+MAX_IDENTITY = 256  # characters of a lock holder's identity (as of a client_id)
 
 
 class BadSetting(FscacheError, ValueError):
@@ -84,3 +85,18 @@ def check_lock_ttl(ttl: object, skew: float, max_ttl: float = MAX_LOCK_TTL) -> f
             f"a lock's ttl must be > 2 * skew ({2 * skew}) and <= {max_ttl}, not {ttl!r}"
         )
     return value
+
+
+def identity_problem(identity: str) -> str | None:
+    """Why ``identity`` cannot name a lock's holder, or None: it must be 1..256
+    characters, as a client_id (an empty one would read as "nobody leads")."""
+    if not 1 <= len(identity) <= MAX_IDENTITY:
+        return f"identity must be 1..{MAX_IDENTITY} characters, not {len(identity)}"
+    return None
+
+
+def check_identity(identity: object) -> None:
+    """Raise :class:`BadSetting` if ``identity`` is a str no holder may have (a
+    mistyped one is left to the field checks, which raise :class:`TypeError`)."""
+    if isinstance(identity, str) and (problem := identity_problem(identity)) is not None:
+        raise BadSetting(problem)

@@ -60,6 +60,7 @@ from fscache.leases import HolderId, OpId
 from fscache.locks import Busy, Changed, Dropped, Effect, Granted, LockTable, Persist, Record
 from fscache.paths import normalize
 from fscache.server.store import Store
+from fscache.settings import identity_problem
 
 log = logging.getLogger("fscache.server")
 
@@ -195,6 +196,9 @@ class LockService:
         now = trio.current_time()
         if isinstance(message, p.Acquire):
             name = normalize(message.name)
+            problem = identity_problem(message.identity)  # as a client_id is checked
+            if problem is not None:
+                raise ProtocolError(problem)
             self._next_op += 1
             op = OpId(self._next_op)
             self._waiting[op] = (connection, message.id)

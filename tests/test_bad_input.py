@@ -177,6 +177,11 @@ async def test_a_client_id_the_server_would_refuse_is_refused_before_connecting(
             pass
 
 
+async def query_by_hand(c: fscache.Client, name: str) -> p.Message:
+    """A lock query of a name no path rule has checked: only the frame limit stops it."""
+    return await c._call(await c._current_link(), lambda i: p.LockQuery(id=i, name=name))
+
+
 async def test_arguments_the_server_would_refuse_are_refused_before_they_are_sent(cluster):
     """A mistyped or out-of-range argument is the caller's error: it costs neither the
     connection nor another request waiting on it."""
@@ -207,8 +212,14 @@ async def test_arguments_the_server_would_refuse_are_refused_before_they_are_sen
                  lambda: c.write("f", b"x", fence=("never/locked", 0))),
                 (BadSetting, "a fence's token must be >= 1",
                  lambda: c.delete("f", fence=("l", -1))),
-                (fscache.TooLarge, "acquire: a frame of .* over the server's frame limit",
-                 lambda: c.acquire("m", 5.0, identity="x" * (p.DEFAULT_MAX_FRAME + 1))),
+                (BadSetting, r"identity must be 1\.\.256 characters, not 0",
+                 lambda: c.acquire("m", 5.0, identity="")),
+                (BadSetting, r"identity must be 1\.\.256 characters, not 0",
+                 lambda: c.leadership("m", identity="").__aenter__()),
+                (BadSetting, r"identity must be 1\.\.256 characters, not 257",
+                 lambda: c.acquire("m", 5.0, identity="x" * 257)),
+                (fscache.TooLarge, "lock_query: a frame of .* over the server's frame limit",
+                 lambda: query_by_hand(c, "x" * (p.DEFAULT_MAX_FRAME + 1))),
                 (BadSetting, r"size must be 0..2\*\*63-1", lambda: c.truncate("f", 2**63)),
                 (BadSetting, r"offset must be 0..2\*\*63-1",
                  lambda: c.write("f", b"x", offset=2**63)),
