@@ -106,8 +106,9 @@ class Lock:
 
     async def release(self) -> None:
         """Give the lock back (at once for the next in line). Idempotent. A lost lock's
-        release is sent only if the connection is up: the server may still hold it
-        (its lease not yet out there), and nothing else waits for it."""
+        release is sent only if the connection is up (the server may still hold it,
+        its lease not yet out there), in the background: nothing waits for it, and
+        ``LockLost`` is not held up by a connection that no longer answers."""
         if self._released:
             return
         self._released = True
@@ -115,7 +116,9 @@ class Lock:
         client = self._client
         client._held_locks.discard((self.name, self.token))
         link = client._link
-        if self.lost.is_set() and (link is None or link.broken):
+        if self.lost.is_set():
+            if link is not None and not link.broken and client._nursery is not None:
+                client._nursery.start_soon(self._send_release, RELEASE_WAIT)
             return
         if not await self._send_release(RELEASE_WAIT) and client._nursery is not None:
             # Cut off: the session, resumed, may hold it still. Release it from the next

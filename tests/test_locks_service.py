@@ -211,6 +211,30 @@ async def test_a_silent_holder_loses_at_its_expiry_and_the_next_is_granted_after
         cluster.refuse = False
 
 
+async def test_a_lock_lost_on_a_silent_connection_raises_at_once_and_releases_later(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The connection stays open but nothing comes back: the lock is lost at
+    ``valid_until`` and LockLost is raised then, not after its release's wait; the
+    release still goes out, in the background, and frees the name."""
+    events: list[tuple[str, float]] = []
+    async with cluster.client("a") as a, cluster.client("b") as b:
+        with pytest.raises(fscache.LockLost):
+            async with a.lock("l", ttl=TTL) as lock:
+                cluster.hold("a")  # the server's frames to a wait in flight
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    events.append(("body cancelled", trio.current_time()))
+        events.append(("LockLost", trio.current_time()))
+        assert events == [("body cancelled", at(TTL - SKEW)), ("LockLost", at(TTL - SKEW))]
+        assert lock.lost.is_set() and not lock.held
+        cluster.release("a")  # (the server's sends to a were stuck: so was its reading)
+        await trio.sleep(0.1)
+        assert await b.leader("l") is None  # released: renewed at TTL / 3, it held to 4.1
+        assert (await b.acquire("l", TTL, timeout=0)).token == 2
+
+
 async def test_watch_leader_reports_each_change(
     cluster: Cluster, autojump_clock: trio.testing.MockClock
 ) -> None:
