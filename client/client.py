@@ -856,7 +856,9 @@ class Client:
 
     def watch_leader(self, name: str) -> locks.LeaderWatch:
         """``async for identity in c.watch_leader(name)``: the leader now, then at each
-        change (None while nobody leads), through reconnects."""
+        change (None while nobody leads), through reconnects. Stop it with ``aclose()``
+        or by ``async with c.watch_leader(name) as leaders`` (then the server stops
+        sending its notices)."""
         return locks.LeaderWatch(self, name)
 
     async def stat(self, path: str) -> StatResult:

@@ -380,6 +380,11 @@ class LockWatches:
     def add(self, watch: LeaderWatch) -> None:
         self._watches.add(watch)
 
+    def discard(self, watch: LeaderWatch) -> bool:
+        """Forget ``watch``; True if no other watch of its name is left."""
+        self._watches.discard(watch)
+        return all(other.name != watch.name for other in self._watches)
+
     def notice(self, message: p.LockChanged) -> None:
         """A push from the server (the reader calls this, in order)."""
         for watch in self._watches:
@@ -394,7 +399,13 @@ class LockWatches:
 
 class LeaderWatch:
     """``async for identity in client.watch_leader(name)``: the identity leading
-    ``name`` now, then at each change (None while nobody leads), through reconnects."""
+    ``name`` now, then at each change (None while nobody leads), through reconnects.
+
+    Stop it with :meth:`aclose`, or use it as ``async with client.watch_leader(name)
+    as leaders``: when a client's last watch of a name stops, the server is told to
+    stop sending its notices (``lock_watch`` with ``stop``). A watch left after a
+    ``break`` without either is forgotten by the client when it is collected, and
+    the server stops at disconnect."""
 
     def __init__(self, client: Client, name: str) -> None:
         self.name = normalize(name)
@@ -403,17 +414,44 @@ class LeaderWatch:
         self._arrived = trio.Event()
         self._shown: _Order | None = None
         self._current: str | None = None
+        self._closed = False
         client._lock_watches.add(self)
 
     def __aiter__(self) -> LeaderWatch:
         return self
 
+    async def __aenter__(self) -> LeaderWatch:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop: the iteration ends (a wait for the next change too). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._arrived.set()
+        client = self._client
+        if client._lock_watches.discard(self) and client._nursery is not None:
+            link = client._link
+            if link is not None and not link.broken:  # (a new connection subscribes none)
+                client._nursery.start_soon(self._unsubscribe, link)
+
+    async def _unsubscribe(self, link: _Link) -> None:
+        with trio.move_on_after(RELEASE_WAIT), contextlib.suppress(FscacheError):
+            await self._client._call(link, lambda i: p.LockWatch(id=i, name=self.name, stop=True))
+
     async def __anext__(self) -> str | None:
         while True:
+            if self._closed:
+                raise StopAsyncIteration
             while self._notices:
                 notice = self._notices[0]
                 if notice is None:  # (re)subscribe; the mark goes only once that is done
                     state = await self._subscribe()
+                    if self._closed:
+                        raise StopAsyncIteration
                     if state is None:  # not connected: try again
                         continue
                     self._notices.popleft()

@@ -524,11 +524,14 @@ class LockQuery(Message):
 @dataclasses.dataclass(frozen=True, slots=True)
 class LockWatch(Message):
     """Who holds lock ``name`` (:class:`LockState`), and from then on a
-    :class:`LockChanged` at every grant, release and expiry of it, on this connection."""
+    :class:`LockChanged` at every grant, release and expiry of it, on this connection.
+    ``stop`` (added later): still who holds it, but no more notices of it on this
+    connection (the client's last watch of the name has ended)."""
 
     TYPE: ClassVar[str] = "lock_watch"
     id: int
     name: str
+    stop: bool = dataclasses.field(default=False, metadata=_LEFT_OUT_AT_DEFAULT)
 
 
 # ------------------------------------------------ server to client: locks

@@ -34,7 +34,8 @@ removed once its records are in the log.
 A timer task sleeps until :meth:`LockTable.next_deadline` and ticks the table.
 
 Watchers are connections: a :class:`~fscache.protocol.LockWatch` subscribes the
-connection to one name until it closes, and every :class:`~fscache.locks.Changed`
+connection to one name until it closes or sends the same watch with ``stop`` (its
+client's last watch of the name has ended), and every :class:`~fscache.locks.Changed`
 of that name is pushed to each. A connection that closes with a goodbye ends its
 session's locks; one lost without it only drops its session's queued acquires.
 
@@ -229,7 +230,9 @@ class LockService:
             connection.send(p.Done(id=message.id))
         elif isinstance(message, p.LockQuery | p.LockWatch):
             name = normalize(message.name)
-            if isinstance(message, p.LockWatch):
+            if isinstance(message, p.LockWatch) and message.stop:
+                self._unwatch(connection, name)
+            elif isinstance(message, p.LockWatch):
                 self._watchers.setdefault(name, set()).add(connection)
                 self._watching.setdefault(connection, set()).add(name)
             token, identity = self.table.state_of(name, now)
@@ -251,11 +254,8 @@ class LockService:
         """``connection`` is gone: its watches end. If it was its session's ``current``
         one (not displaced by a resumed one), with a goodbye the session's locks are
         released, without one its queued acquires are dropped."""
-        for name in self._watching.pop(connection, ()):
-            watchers = self._watchers[name]
-            watchers.discard(connection)
-            if not watchers:
-                del self._watchers[name]
+        for name in list(self._watching.get(connection, ())):
+            self._unwatch(connection, name)
         if not current:
             return
         self._timer_wake.set()
@@ -264,6 +264,19 @@ class LockService:
             self._execute(self.table.session_ended(connection.holder, now))
         else:
             self._execute(self.table.disconnected(connection.holder))
+
+    def _unwatch(self, connection: Peer, name: str) -> None:
+        """``connection`` no longer watches ``name`` (whether it did or not)."""
+        names = self._watching.get(connection)
+        if names is None or name not in names:
+            return
+        names.discard(name)
+        if not names:
+            del self._watching[connection]
+        watchers = self._watchers[name]
+        watchers.discard(connection)
+        if not watchers:
+            del self._watchers[name]
 
     # ------------------------------------------------------------ effects
     def _execute(self, effects: list[Effect]) -> None:

@@ -523,6 +523,54 @@ async def test_a_renewal_refused_after_a_server_restart_loses_the_lock_at_once(
         assert lock.lost.is_set() and lock.valid_until == at(TTL - SKEW)
 
 
+async def test_a_leader_watch_stopped_stops_the_servers_notices_once_the_last_one_ends(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    watchers = service_of(cluster).locks._watchers
+    async with cluster.client("w") as w, cluster.client("a") as a:
+        other = w.watch_leader("l")
+        assert await other.__anext__() is None
+        async with w.watch_leader("l") as leaders:
+            async for leader in leaders:
+                assert leader is None
+                break
+        await trio.sleep(0.1)
+        assert set(watchers) == {"l"}  # the other watch of "l" goes on
+        async with a.lock("l", ttl=TTL, identity="one"):
+            assert await other.__anext__() == "one"
+        await other.aclose()
+        await other.aclose()  # idempotent
+        with pytest.raises(StopAsyncIteration):
+            await other.__anext__()
+        await trio.sleep(0.1)
+        assert watchers == {}  # no more notices of "l" for w's connection
+        async with w.watch_leader("l") as again:  # and a new watch subscribes anew
+            assert await again.__anext__() is None
+            assert set(watchers) == {"l"}
+            async with a.lock("l", ttl=TTL, identity="two"):
+                assert await again.__anext__() == "two"
+        await trio.sleep(0.1)
+        assert watchers == {}
+
+
+async def test_a_leader_watch_closed_while_it_waits_ends_its_iteration(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("w") as w:
+        watch = w.watch_leader("l")
+        seen: list[str | None] = []
+
+        async def follow() -> None:
+            async for leader in watch:
+                seen.append(leader)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow)
+            await trio.sleep(1.0)
+            await watch.aclose()
+        assert seen == [None] and trio.current_time() == at(1.0)
+
+
 async def test_watch_leader_after_a_reconnect_reports_who_leads_now(
     cluster: Cluster, autojump_clock: trio.testing.MockClock
 ) -> None:

@@ -750,3 +750,12 @@ def test_the_codec_is_plain_code_with_no_source_generated_at_import() -> None:
     }
 
     assert not called & {"exec", "eval", "compile"}
+
+
+def test_a_lock_watch_without_stop_is_the_frame_it_always_was() -> None:
+    plain, stop = protocol.LockWatch(id=1, name="l"), protocol.LockWatch(id=1, name="l", stop=True)
+    body = cbor({"t": "lock_watch", "id": 1, "name": "l"})
+    assert encode(plain) == struct.pack(">I", len(body)) + body
+    body = cbor({"t": "lock_watch", "id": 1, "name": "l", "stop": True})
+    assert encode(stop) == struct.pack(">I", len(body)) + body
+    assert decode_message(encode(stop)[4:]) == stop
