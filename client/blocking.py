@@ -33,6 +33,7 @@ Life of a client
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import queue
 import ssl
@@ -51,7 +52,8 @@ from fscache.client.locks import Lock
 from fscache.client.watch import Change
 from fscache.errors import FscacheError
 from fscache.paths import normalize
-from fscache.settings import DEFAULT_ADDRESS, DEFAULT_LOCK_TTL
+from fscache.protocol import Fence
+from fscache.settings import DEFAULT_ADDRESS, DEFAULT_LOCK_TTL, check_identity
 
 T = TypeVar("T")
 
@@ -139,6 +141,91 @@ class _Loop:
             with contextlib.suppress(trio.RunFinishedError):
                 self.token.run_sync_soon(stop.set)
         self.thread.join()
+
+
+class BlockingLock:
+    """A lock of a blocking client (:meth:`BlockingClient.acquire`): the async
+    :class:`~fscache.client.locks.Lock`'s attributes, with a blocking :meth:`release`
+    and :attr:`lost` a plain bool. Renewed on the loop thread until released or lost.
+    ``with lock:`` releases it at the end and raises :class:`LockLost` if it was lost
+    meanwhile; a thread cannot be cancelled, so a body that outlives the lock runs on
+    (check :attr:`held`, fence writes with ``fence=lock``)."""
+
+    def __init__(self, client: BlockingClient, lock: Lock) -> None:
+        self._client = client
+        self._lock = lock
+
+    def __repr__(self) -> str:
+        return f"<BlockingLock {self.name!r} token={self.token} held={self.held}>"
+
+    @property
+    def name(self) -> str:
+        return self._lock.name
+
+    @property
+    def token(self) -> int:
+        return self._lock.token
+
+    @property
+    def identity(self) -> str:
+        return self._lock.identity
+
+    @property
+    def ttl(self) -> float:
+        return self._lock.ttl
+
+    @property
+    def valid_until(self) -> float:
+        """Until when it may be trusted, on ``time.monotonic()``."""
+        return self._lock.valid_until
+
+    @property
+    def held(self) -> bool:
+        """Whether the lock may be trusted now (not lost, not released, not run out)."""
+        return self._lock.held
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lock was lost while it was held."""
+        return self._lock.lost.is_set()
+
+    @property
+    def fence(self) -> Fence:
+        """What a fenced change names: ``(name, token)``."""
+        return self._lock.fence
+
+    def release(self) -> None:
+        """Give the lock back. Idempotent; nothing to do once the client is closed (its
+        goodbye released it)."""
+        if self._lock._released or self._client.closed:
+            return
+        self._client._run(self._lock.release)
+
+    def raise_if_lost(self) -> None:
+        """Raise :class:`LockLost` if the lock was lost while it was held."""
+        self._lock.raise_if_lost()
+
+    def wait_lost(self, timeout: float | None = None) -> bool:
+        """Block until the lock is lost (True), released (False), or ``timeout``
+        seconds have passed (False)."""
+        lock = self._lock
+
+        async def wait() -> bool:
+            with trio.move_on_after(math.inf if timeout is None else timeout):
+                await lock.ended.wait()
+            return lock.lost.is_set()
+
+        if lock.ended.is_set() or self._client.closed:
+            return lock.lost.is_set()
+        return self._client._run(wait)
+
+    def __enter__(self) -> BlockingLock:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+        if exc_info[0] is None:
+            self.raise_if_lost()
 
 
 # Every open client of this process, for the fork handler below.
@@ -258,15 +345,20 @@ class BlockingClient:
         *,
         timeout: float | None = None,
         identity: str | None = None,
-    ) -> Lock:
-        """:meth:`Client.acquire`; renewed on the loop thread until :meth:`release`."""
-        return self._run(
+    ) -> BlockingLock:
+        """:meth:`Client.acquire`; renewed on the loop thread until released."""
+        check_identity(identity)  # before anything crosses to the loop thread
+        lock = self._run(
             lambda: self._client.acquire(name, ttl, timeout=timeout, identity=identity)
         )
+        return BlockingLock(self, lock)
 
-    def release(self, lock: Lock) -> None:
-        """Give ``lock`` back."""
-        self._run(lock.release)
+    def release(self, lock: BlockingLock | Lock) -> None:
+        """Give ``lock`` back (``lock.release()`` does the same)."""
+        if isinstance(lock, BlockingLock):
+            lock.release()
+        else:
+            self._run(lock.release)
 
     @contextlib.contextmanager
     def lock(
@@ -276,22 +368,71 @@ class BlockingClient:
         *,
         timeout: float | None = None,
         identity: str | None = None,
-    ) -> Iterator[Lock]:
+    ) -> Iterator[BlockingLock]:
         """``with c.lock(name, ttl) as lock``: held for the body, released after. A
         thread cannot be cancelled, so a body that outlives the lock is not stopped:
-        it should check ``lock.held`` and fence its writes (``fence=lock``); the
-        ``with`` raises :class:`~fscache.errors.LockLost` after a body during which it
-        was lost."""
+        it should check ``lock.held`` (or ``lock.lost``) and fence its writes
+        (``fence=lock``); the ``with`` raises :class:`~fscache.errors.LockLost` after
+        a body during which it was lost."""
         held = self.acquire(name, ttl, timeout=timeout, identity=identity)
         try:
             yield held
         finally:
-            self.release(held)
+            held.release()
         held.raise_if_lost()
+
+    @contextlib.contextmanager
+    def leadership(
+        self, name: str, *, identity: str | None = None, ttl: float = DEFAULT_LOCK_TTL
+    ) -> Iterator[BlockingLock]:
+        """``with c.leadership(name, identity=...) as lease``: wait to lead (no
+        timeout), lead for the body (:meth:`Client.leadership`). As with :meth:`lock`,
+        a thread cannot be cancelled: a body that outlives its leadership runs on, so
+        it checks ``lease.held`` and fences its writes, and the ``with`` raises
+        :class:`~fscache.errors.LockLost` after a body during which it was lost."""
+        with self.lock(name, ttl, identity=identity) as held:
+            yield held
 
     def leader(self, name: str) -> str | None:
         """:meth:`Client.leader`."""
         return self._run(self._client.leader, name)
+
+    def watch_leader(self, name: str) -> Iterator[str | None]:
+        """:meth:`Client.watch_leader`, as a blocking iterator: ``for leader in
+        c.watch_leader(name)``, the leader now, then at each change (None while nobody
+        leads). The watch runs on the loop thread; leaving the loop (or closing the
+        client) stops it, and the server's notices with it."""
+        if self._closed:
+            raise FscacheError(self._closed_reason)
+        normalize(name)  # a bad name is the caller's error, here
+        leaders: queue.Queue[tuple[str | None] | Exception | None] = queue.Queue()  # None: ended
+        scope = trio.CancelScope()
+        client = self._client
+
+        async def pump() -> None:
+            try:
+                with scope:
+                    async with client.watch_leader(name) as watch:
+                        async for leader in watch:
+                            leaders.put((leader,))
+            except Exception as exc:  # the watch's error, raised on the caller's thread
+                leaders.put(exc)
+            finally:
+                leaders.put(None)
+
+        nursery = client._nursery
+        if nursery is None:
+            raise FscacheError(CLOSED)
+        self._run_sync(nursery.start_soon, pump)
+        try:
+            while (item := leaders.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item[0]
+        finally:
+            if not self._closed:
+                with contextlib.suppress(trio.RunFinishedError):
+                    self._run_sync(scope.cancel)
 
     def watch(self, path: str = "", *, initial: bool = False) -> Iterator[Change]:
         """:meth:`Client.watch`, as a blocking iterator: ``for change in c.watch(dir)``.

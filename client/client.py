@@ -122,7 +122,7 @@ READ_ATTEMPTS = 8  # a big file read whole that changes this often between chunk
 
 Source = IO[bytes] | bytes | bytearray | memoryview
 Received = bytes | bytearray | memoryview  # what a wire's read gives
-Fencing = locks.Lock | p.Fence | None  # what fence= takes: a lock, or (name, token)
+Fencing = locks.Fenced | p.Fence | None  # what fence= takes: a lock, or (name, token)
 
 
 def backoff_delay(failures: int) -> float:

@@ -48,7 +48,7 @@ import math
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -66,6 +66,14 @@ from fscache.settings import (
 if TYPE_CHECKING:
     from fscache.client.client import Client, _Link, _Request
 
+
+class Fenced(Protocol):
+    """Anything a change may be fenced with: a lock of either client."""
+
+    @property
+    def fence(self) -> p.Fence: ...
+
+
 RELEASE_WAIT = 1.0  # seconds a release (or a cancelled acquire's clean-up) may take
 RENEW_RETRY = 0.1  # seconds between renewals tried while the connection is down
 
@@ -82,6 +90,7 @@ class Lock:
         self.ttl = ttl
         self.valid_until = valid_until  # client monotonic clock
         self.lost = trio.Event()
+        self.ended = trio.Event()  # set when released or lost
         self._client = client
         self._released = False
         self._renewer = trio.CancelScope()
@@ -112,6 +121,7 @@ class Lock:
         if self._released:
             return
         self._released = True
+        self.ended.set()
         self._renewer.cancel()
         client = self._client
         client._held_locks.discard((self.name, self.token))
@@ -151,6 +161,7 @@ class Lock:
     def _lose(self) -> None:
         if not self.lost.is_set():
             self.lost.set()
+            self.ended.set()
             self._client._held_locks.discard((self.name, self.token))
             if self._body is not None:
                 self._body.cancel()
@@ -350,12 +361,13 @@ async def leader(client: Client, name: str) -> str | None:
     return reply.identity
 
 
-def fence_of(fence: Lock | p.Fence | None) -> p.Fence | None:
-    """What a change's ``fence=`` argument names on the wire."""
+def fence_of(fence: Fenced | p.Fence | None) -> p.Fence | None:
+    """What a change's ``fence=`` argument names on the wire: a lock's (anything
+    with a ``fence`` property), or ``(name, token)``."""
     if fence is None:
         return None
-    if isinstance(fence, Lock):
-        return fence.fence
+    if not isinstance(fence, tuple | list):
+        fence = getattr(fence, "fence", fence)
     if not isinstance(fence, tuple | list) or len(fence) != 2:
         raise TypeError(f"fence must be a Lock or (name, token), not {fence!r}")
     name, token = fence

@@ -31,7 +31,7 @@ from fscache.errors import (
 from fscache.settings import BadSetting
 
 if TYPE_CHECKING:  # the real types for type checkers; imported lazily at run time
-    from fscache.client.blocking import BlockingClient, connect
+    from fscache.client.blocking import BlockingClient, BlockingLock, connect
     from fscache.client.client import Client, StatResult, open_client
     from fscache.client.watch import Change
     from fscache.tls import CredentialsRefused
@@ -42,6 +42,7 @@ __all__ = [
     "BadPath",
     "BadSetting",
     "BlockingClient",
+    "BlockingLock",
     "Change",
     "Client",
     "Conflict",
@@ -78,7 +79,7 @@ def __getattr__(name: str) -> Any:
         from fscache.client import watch
 
         return watch.Change
-    if name in ("connect", "BlockingClient"):
+    if name in ("connect", "BlockingClient", "BlockingLock"):
         from fscache.client import blocking
 
         return getattr(blocking, name)

@@ -801,10 +801,10 @@ async def test_locks_over_real_tcp(nursery: trio.Nursery, root: pathlib.Path) ->
             await a.write("out.txt", b"late", fence=lock)
 
 
-def start_server(root: pathlib.Path) -> tuple[subprocess.Popen[str], str]:
+def start_server(root: pathlib.Path, port: int = 0) -> tuple[subprocess.Popen[str], str]:
     """``fscache serve`` on ``root`` in its own process, and its address."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0"],
+        [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
@@ -842,6 +842,62 @@ def test_the_blocking_client_locks_against_a_server_process(root: pathlib.Path) 
                 a.write("out.txt", b"late", fence=lock)
             b.release(later)
             assert b.leader("jobs/leader") is None and b.read("out.txt") == b"a"
+    finally:
+        stop_server(proc)
+
+
+def test_a_blocking_lock_is_released_by_its_own_release_and_says_when_it_is_lost(
+    root: pathlib.Path,
+) -> None:
+    proc, where = start_server(root)
+    try:
+        with (
+            fscache.connect(where, client_id="a") as a,
+            fscache.connect(where, client_id="b") as b,
+        ):
+            lock = a.acquire("l", 2.0)
+            assert isinstance(lock, fscache.BlockingLock) and lock.fence == ("l", 1)
+            assert (lock.name, lock.identity, lock.ttl) == ("l", "a", 2.0)
+            assert lock.held and lock.lost is False and lock.valid_until > time.monotonic()
+            lock.release()  # blocking: done when it returns
+            assert not lock.held and lock.lost is False and b.leader("l") is None
+            lock.release()  # idempotent
+            with b.acquire("l", 2.0) as again:  # a context manager too
+                assert again.token == 2 and a.leader("l") == "b"
+                a.write("out.txt", b"x", fence=again)  # either client takes it as a fence
+                assert not again.wait_lost(0.1)
+            assert a.leader("l") is None and not again.wait_lost()  # released: at once
+            # lost: the server restarts, its new incarnation refuses the renewal
+            port = int(where.rsplit(":", 1)[1])
+            with pytest.raises(fscache.LockLost), a.lock("l", 2.0) as held:
+                stop_server(proc, signal.SIGKILL)
+                proc, _ = start_server(root, port)
+                assert held.wait_lost(timeout=10)
+                assert held.lost is True and not held.held
+                with pytest.raises(fscache.LockLost):
+                    held.raise_if_lost()
+    finally:
+        stop_server(proc)
+
+
+def test_the_blocking_client_leads_and_watches_the_leader(root: pathlib.Path) -> None:
+    proc, where = start_server(root)
+    try:
+        with fscache.connect(where, client_id="a") as a, fscache.connect(where) as b:
+            leaders = b.watch_leader("jobs/leader")
+            assert next(leaders) is None
+            with a.leadership("jobs/leader", identity="w1", ttl=2.0) as lease:
+                assert isinstance(lease, fscache.BlockingLock) and lease.held
+                assert next(leaders) == "w1" and b.leader("jobs/leader") == "w1"
+                a.write("out.txt", b"w1", fence=lease)
+            assert next(leaders) is None
+            leaders.close()  # leaving the loop stops the watch, and the server's notices
+            with (
+                pytest.raises(BadSetting, match=r"identity must be 1\.\.256"),
+                a.leadership("jobs/leader", identity=""),
+            ):
+                pass
+            assert b.leader("jobs/leader") is None
     finally:
         stop_server(proc)
 
