@@ -322,3 +322,40 @@ def test_the_blocking_client_registers_and_watches(tmp_path: pathlib.Path) -> No
             assert next(changes) == Change("deleted", "services/api/n1", None)
             changes.close()
             assert watcher.listdir("services/api") == []
+
+
+def readme_example(marker: str) -> str:
+    """The README's Python block that holds ``marker``."""
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in readme.split("```python\n")[1:]]
+    (block,) = [block for block in blocks if marker in block]
+    return block
+
+
+async def test_the_readmes_registry_watcher_may_start_before_any_member(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The README's example as written, but on the test's cluster: its watcher starts
+    while ``services/api`` does not exist yet."""
+    code = readme_example("async def watcher()")
+    clients = iter(["watcher", "member"])
+    code = code.replace('fscache.open_client("127.0.0.1", 7710)', "cluster.client(next(clients))")
+    printed: list[tuple[float, str]] = []
+    scope: dict[str, object] = {
+        "cluster": cluster,
+        "clients": clients,
+        "print": lambda *args: printed.append((trio.current_time(), " ".join(map(str, args)))),
+    }
+    exec(code, scope)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(scope["watcher"])  # type: ignore[arg-type]
+        await trio.sleep(1.0)
+        async with trio.open_nursery() as members:
+            members.start_soon(scope["member"])  # type: ignore[arg-type]
+            await trio.sleep(1.0)
+            members.cancel_scope.cancel()  # the member goes: its goodbye deletes it
+        await trio.sleep(TERM + 1.0)
+        nursery.cancel_scope.cancel()
+    (created_at, created), (deleted_at, deleted) = printed
+    assert (created_at, created) == (at(1.0), "created services/api/node-1")
+    assert deleted == "deleted services/api/node-1" and 2.0 <= deleted_at <= 2.0 + TERM + SKEW
