@@ -259,6 +259,51 @@ async def test_watch_leader_reports_each_change(
         assert seen == [(None, at(0.0)), ("w1", at(1.0)), (None, at(2.0)), ("w2", at(3.0))]
 
 
+def readme_example(marker: str) -> str:
+    """The README's Python block that holds ``marker``."""
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in readme.split("```python\n")[1:]]
+    (block,) = [block for block in blocks if marker in block]
+    return block
+
+
+async def test_the_readmes_elected_worker_rides_out_an_outage_and_a_restart(
+    nursery: trio.Nursery, root: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The README's worker, as written: a 2 s outage (its heartbeat writes fail with
+    Unavailable) is ridden out under the same lease; a server restart loses the lease
+    (the new incarnation does not know the session) and the worker leads again."""
+    code = readme_example("async def worker(c, me)")
+    code = code.split("\n\n\nasync ", 1)[0]  # (the leader watch runs elsewhere)
+    scope: dict[str, Any] = {"fscache": fscache, "trio": trio}
+    exec(code, scope)
+    cluster = Cluster(nursery, root, skew=SKEW)
+    await cluster.start()
+    async with cluster.client("w") as w, cluster.client("o") as observer:
+        nursery.start_soon(scope["worker"], w, "w1")
+        await trio.sleep(1.5)
+        assert await observer.read("jobs/heartbeat") == b"w1"
+        writes = (await observer.server_stats())["writes"]
+        cluster.refuse = True  # an outage of 2 s: the connection is gone, none is made
+        await cluster.cut("w")
+        await trio.sleep(2.0)
+        cluster.refuse = False
+        await trio.sleep(1.5)
+        assert w.stats["unavailable"] > 0  # its heartbeat failed meanwhile
+        assert (await observer.server_stats())["writes"] > writes  # and beats again
+        assert await observer.leader("jobs/leader") == "w1"
+        assert (await observer.server_stats())["locks_granted"] == 1  # the same lease
+        await cluster.start()  # a restart: the lease is lost, and won again once free
+        await cluster.cut("w")
+        await cluster.cut("o")
+        await trio.sleep(5.0 + 2 * SKEW + 1.0)  # the old lease's hold, then a renewal
+        assert await observer.leader("jobs/leader") == "w1"
+        await trio.sleep(10.0)  # a restarted server holds writes back for a term
+        writes = (await observer.server_stats())["writes"]
+        await trio.sleep(2.0)
+        assert (await observer.server_stats())["writes"] >= writes + 2  # a beat a second
+
+
 # ---------------------------------------------------------------- fencing
 async def test_a_fenced_write_is_refused_once_a_newer_token_exists(
     cluster: Cluster, autojump_clock: trio.testing.MockClock
