@@ -470,6 +470,7 @@ class Client:
         self.epoch: str | None = None
         self._session: tuple[str, bytes] | None = None  # (id, secret) from the welcome
         self._link: _Link | None = None
+        self._first_pending = False  # open_client's connection, welcomed, not yet served
         self._link_changed = trio.Event()
         self._link_wanted = trio.Event()  # set by a request waiting for a lost connection
         self._next_id = 0
@@ -989,6 +990,9 @@ class Client:
 
     @property
     def connected(self) -> bool:
+        """Whether a connection is up (the first counts from its welcome on)."""
+        if self._first_pending:
+            return not self._closing
         return self._link is not None and not self._link.broken
 
     # ------------------------------------------------------------ reads
@@ -1539,15 +1543,8 @@ class Client:
         session, secret = self._session or (None, None)
         return p.Hello(p.PROTOCOL_VERSION, self.client_id, session=session, secret=secret)
 
-    async def _run(
-        self,
-        first: tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder],
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Keep a connection up until closed: serve it, reconnect with backoff. Started
-        (``task_status``) once the first connection is the client's link: ``epoch``
-        and ``connected`` are right from then on."""
+    async def _run(self, first: tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]) -> None:
+        """Keep a connection up until closed: serve it, reconnect with backoff."""
         connection: tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder] | None = first
         failures = 0
         while not self._closing:
@@ -1567,17 +1564,11 @@ class Client:
                     continue
                 self._counters.reconnects += 1
             failures = 0
-            await self._serve_link(*connection, started=task_status)
-            task_status = trio.TASK_STATUS_IGNORED
+            await self._serve_link(*connection)
             connection = None
 
     async def _serve_link(
-        self,
-        stream: trio.abc.Stream,
-        welcome: p.Welcome,
-        decoder: p.FrameDecoder,
-        *,
-        started: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        self, stream: trio.abc.Stream, welcome: p.Welcome, decoder: p.FrameDecoder
     ) -> None:
         wire = wire_for(stream)
         with trio.CancelScope() as cancel:
@@ -1589,7 +1580,6 @@ class Client:
                 log.info("server restarted (epoch %s -> %s)", self.epoch, welcome.epoch)
             self.epoch = welcome.epoch
             self._set_link(link)
-            started.started()
             self._write_again = self._write_again or (not welcome.resumed and bool(self._ephemeral))
             try:
                 async with trio.open_nursery() as nursery:
@@ -1695,6 +1685,7 @@ class Client:
 
     def _set_link(self, link: _Link) -> None:
         self._link = link
+        self._first_pending = False
         self._link_changed.set()
         self._link_changed = trio.Event()
         self._lock_watches.relinked()
@@ -1932,7 +1923,11 @@ async def open_client(
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         client._nursery = nursery
-        await nursery.start(client._run, first)  # epoch and connected are right at once
+        # epoch and connected are right at once, before _run serves the first connection
+        # (it does so only once the body has begun: hooks it adds see every message)
+        client.epoch = first[1].epoch
+        client._first_pending = True
+        nursery.start_soon(client._run, first)
         try:
             yield client
         except BaseException as exc:  # re-raised below, outside the nursery: the
