@@ -461,7 +461,8 @@ def test_the_readmes_names_are_reachable_from_a_bare_import_fscache() -> None:
         "assert callable(fscache.tls.client_context) and callable(fscache.tls.make_certs)\n"
         "assert issubclass(fscache.BadSetting, (fscache.FscacheError, ValueError))\n"
         "assert issubclass(fscache.CredentialsRefused, fscache.Unauthorized)\n"
-        "assert set(fscache.__all__) <= set(dir(fscache)) | {'BlockingClient', 'Change',"
+        "assert set(fscache.__all__) <= set(dir(fscache)) | {'BlockingClient', 'BlockingLock',"
+        " 'Change',"
         " 'Client', 'StatResult', 'connect', 'open_client', 'CredentialsRefused'}\n"
     )
     result = subprocess.run(
