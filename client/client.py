@@ -1384,8 +1384,7 @@ class Client:
             # the approval, run beside the reader, which goes on applying frames.
             self._nursery.start_soon(self._approve_after_hooks, link, message)
             return
-        approve = p.Approve(path=message.path, write=message.write)
-        await link.send_frame(p.encode(approve))  # ... then approve
+        await link.send_frame(p.approve_frame(message.path, message.write))  # ... then approve
 
     async def _approve_after_hooks(self, link: _Link, message: p.ApprovalRequest) -> None:
         for hook in self.before_approval:  # e.g. the mount's kernel cache
@@ -1393,9 +1392,8 @@ class Client:
                 await hook(message.path)
             except Exception:  # the approval goes out all the same
                 log.exception("the approval hook %r failed for %s", hook, message.path)
-        approve = p.Approve(path=message.path, write=message.write)
         with contextlib.suppress(Unavailable):  # lost with the connection: the lease runs out
-            await link.send_frame(p.encode(approve))
+            await link.send_frame(p.approve_frame(message.path, message.write))
 
     def _on_reply(self, link: _Link, message: p.Message) -> None:
         """Apply one reply (or the server's error) and wake the request it answers."""

@@ -1180,6 +1180,18 @@ def _approval_frame(prefix: bytes, message: ApprovalRequest | Approve) -> bytes:
     return _pack_header(len(payload)) + payload
 
 
+def approve_frame(path: str, write: int) -> bytes:
+    """``encode(Approve(path, write))`` without building the message: every holder's
+    answer to a write's fan-out."""
+    try:
+        payload = b"".join(
+            (_APPROVE, _K_PATH, _push_text(path), _K_WRITE, _push_head(_UINT, write))
+        )
+    except (_Unrecognised, UnicodeEncodeError):
+        return _encode_generic(Approve(path, write))
+    return _pack_header(len(payload)) + payload
+
+
 def _approval_reader(cls: type[ApprovalRequest | Approve]) -> Callable[[bytes], Message]:
     """The reader of an ApprovalRequest or an Approve (``cls``): both are (path, write).
     One function per type, so that a fan-out's thousands of approvals look up nothing

@@ -49,6 +49,7 @@ from fscache.protocol import (
     Written,
     _decode_generic,
     _prefix,
+    approve_frame,
     data_frame,
     decode_message,
     encode,
@@ -632,6 +633,12 @@ def test_read_frame_writes_what_cbor2_writes(id: int, path: str, have: int | Non
         {"t": "read", "id": id, "path": path, "have": have}
     )
     assert read_frame(id, path) == read_frame(id, path, None)
+
+
+@given(path=st.text(max_size=50), write=CBOR_INTS)
+def test_approve_frame_writes_what_cbor2_writes(path: str, write: int) -> None:
+    body = {"t": "approve", "path": path, "write": write}
+    assert approve_frame(path, write) == cbor2_frame(body) == encode(Approve(path, write))
 
 
 def test_what_cbor2_cannot_write_is_refused_as_cbor2_refuses_it() -> None:
