@@ -97,6 +97,7 @@ from fscache.settings import (
     BadSetting,
     check_duration,
     check_extent,
+    identity_problem,
 )
 from fscache.tls import CredentialsRefused, is_auth_failure, ssl_error_in
 
@@ -458,6 +459,8 @@ class Client:
         self._opener = opener
         if client_id is not None:  # the server's checks, before anything is sent
             p.check_fields(p.Hello(p.PROTOCOL_VERSION, client_id))
+            if (problem := identity_problem(client_id, "client_id")) is not None:
+                raise BadSetting(problem)
         self.client_id = client_id or uuid.uuid4().hex
         self._clock = clock
         self._skew_override = None if skew is None else check_duration("skew", skew)

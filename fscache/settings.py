@@ -87,11 +87,12 @@ def check_lock_ttl(ttl: object, skew: float, max_ttl: float = MAX_LOCK_TTL) -> f
     return value
 
 
-def identity_problem(identity: str) -> str | None:
-    """Why ``identity`` cannot name a lock's holder, or None: it must be 1..256
-    characters, as a client_id (an empty one would read as "nobody leads")."""
+def identity_problem(identity: str, what: str = "identity") -> str | None:
+    """Why ``identity`` cannot name a lock's holder (or, ``what`` being
+    ``client_id``, a client), or None: it must be 1..256 characters (an empty one
+    would read as "nobody leads")."""
     if not 1 <= len(identity) <= MAX_IDENTITY:
-        return f"identity must be 1..{MAX_IDENTITY} characters, not {len(identity)}"
+        return f"{what} must be 1..{MAX_IDENTITY} characters, not {len(identity)}"
     return None
 
 

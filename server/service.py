@@ -141,6 +141,7 @@ from fscache.settings import (
     BadSetting,
     check_duration,
     check_host,
+    identity_problem,
 )
 
 log = logging.getLogger("fscache.server")
@@ -876,8 +877,8 @@ class FileService:
                         f"protocol version {message.version} is not supported "
                         f"(this server speaks {p.PROTOCOL_VERSION})"
                     )
-                if not message.client_id or len(message.client_id) > 256:
-                    raise ProtocolError("client_id must be 1..256 characters")
+                if (problem := identity_problem(message.client_id, "client_id")) is not None:
+                    raise ProtocolError(problem)
                 if (message.session is None) != (message.secret is None):
                     raise ProtocolError("a resume names both a session and its secret")
                 if message.session is not None and len(message.session) > 256:

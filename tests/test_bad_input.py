@@ -175,6 +175,15 @@ async def test_a_client_id_the_server_would_refuse_is_refused_before_connecting(
     with pytest.raises(TypeError, match=r"hello\.client_id: expected str, got int"):
         async with cluster.client(5):
             pass
+    assert cluster.service is not None
+    connections = cluster.service.counters.connections_total
+    for bad, length in (("", 0), ("x" * 257, 257)):  # the server's rule, one function
+        with pytest.raises(
+            BadSetting, match=rf"client_id must be 1\.\.256 characters, not {length}"
+        ):
+            async with cluster.client(bad):
+                pass
+    assert cluster.service.counters.connections_total == connections  # none was tried
 
 
 async def query_by_hand(c: fscache.Client, name: str) -> p.Message:
