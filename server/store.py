@@ -549,37 +549,30 @@ class Store:
                     self.content_hits += 1
                     return _file_version(st), entry.data  # the key's times: the version
             self._uncache(path, entry)
-        for _ in range(_READ_TRIES):
-            started = self._time_ns()  # before the open: see "Content cache" above
-            fd = self._open_for_read(path)
-            try:
-                st = os.fstat(fd)
-                if not st.st_nlink:  # replaced or deleted since the open (see Reads)
-                    raise _Replaced
-                if not stat_mod.S_ISREG(st.st_mode):
-                    if stat_mod.S_ISDIR(st.st_mode):
-                        raise IsADirectory(f"cannot read {path!r}: it is a directory")
-                    raise FscacheError(f"cannot read {path!r}: not a regular file")
-                size = st.st_size
-                if size > self.max_file_size:
-                    raise TooLarge(
-                        f"cannot read {path!r}: {size} bytes is more than the "
-                        f"maximum file size of {self.max_file_size}"
-                    )
-                data = os.read(fd, size)
-                if len(data) < size:
-                    data = _read_rest(fd, data, size)
-            except BaseException as exc:
-                os.close(fd)
-                if isinstance(exc, _Replaced):
-                    continue
-                if isinstance(exc, OSError):
-                    raise _translate(exc, "read", path) from None
-                raise
-            # Whether to cache it is settle()'s business, off the reply's critical path.
-            self._unsettled.append((fd, path, st, data, started))
-            return _file_version(st), data
-        raise _replaced_too_often(path)
+        started = self._time_ns()  # before the open: see "Content cache" above
+        fd, st = self._open_linked(path)
+        try:
+            if not stat_mod.S_ISREG(st.st_mode):
+                if stat_mod.S_ISDIR(st.st_mode):
+                    raise IsADirectory(f"cannot read {path!r}: it is a directory")
+                raise FscacheError(f"cannot read {path!r}: not a regular file")
+            size = st.st_size
+            if size > self.max_file_size:
+                raise TooLarge(
+                    f"cannot read {path!r}: {size} bytes is more than the "
+                    f"maximum file size of {self.max_file_size}"
+                )
+            data = os.read(fd, size)
+            if len(data) < size:
+                data = _read_rest(fd, data, size)
+        except BaseException as exc:
+            os.close(fd)
+            if isinstance(exc, OSError):
+                raise _translate(exc, "read", path) from None
+            raise
+        # Whether to cache it is settle()'s business, off the reply's critical path.
+        self._unsettled.append((fd, path, st, data, started))
+        return _file_version(st), data
 
     def settle(self) -> None:
         """Finish the reads done since the last call: close their descriptors and cache
@@ -796,20 +789,15 @@ class Store:
         """``(version, size, data)``: bytes ``[offset, min(offset + length, size))`` of
         the file, its version and whole size, all from one open descriptor (see Reads)."""
         _check_extent("read", path, offset=offset, length=length)
-        for _ in range(_READ_TRIES):
-            fd = self._open_for_read(path)
-            try:
-                st = os.fstat(fd)
-                if not st.st_nlink:  # replaced or deleted since the open (see Reads)
-                    continue
-                version = _regular_file_version(st, "read", path)
-                data = _pread_all(fd, max(0, min(length, st.st_size - offset)), offset)
-            except OSError as exc:
-                raise _translate(exc, "read", path) from None
-            finally:
-                os.close(fd)
-            return version, st.st_size, data
-        raise _replaced_too_often(path)
+        fd, st = self._open_linked(path)
+        try:
+            version = _regular_file_version(st, "read", path)
+            data = _pread_all(fd, max(0, min(length, st.st_size - offset)), offset)
+        except OSError as exc:
+            raise _translate(exc, "read", path) from None
+        finally:
+            os.close(fd)
+        return version, st.st_size, data
 
     def upload_begin(self, path: str) -> Upload:
         """Start a streamed write of the whole file ``path``: a private temp file
@@ -1322,6 +1310,23 @@ class Store:
         if upload.closed:
             raise ProtocolError(f"the upload of {upload.path!r} has ended")
 
+    def _open_linked(self, path: str) -> tuple[int, os.stat_result]:
+        """An open descriptor of ``path`` and its ``fstat``, taken while the inode is
+        still linked: one replaced or deleted between the open and the ``fstat`` has a
+        moved ctime, hence a version that is not its bytes' (see Reads), so the path is
+        opened again, at most :data:`_READ_TRIES` times."""
+        for _ in range(_READ_TRIES):
+            fd = self._open_for_read(path)
+            try:
+                st = os.fstat(fd)
+            except OSError as exc:
+                os.close(fd)
+                raise _translate(exc, "read", path) from None
+            if st.st_nlink:
+                return fd, st
+            os.close(fd)
+        raise Conflict(f"cannot read {path!r}: it was replaced {_READ_TRIES} times while read")
+
     def _open_for_read(self, path: str) -> int:
         """An open descriptor for ``path``, reached beneath the root with no symlink on
         the way: one ``openat2`` on the hot path (Linux 5.6+), else the parent as
@@ -1618,14 +1623,6 @@ def _regular_file_version(st: os.stat_result, op: str, path: str) -> int:
     if not stat_mod.S_ISREG(st.st_mode) and _file_or_dir(st, f"cannot {op} {path!r}", path):
         raise IsADirectory(f"cannot {op} {path!r}: it is a directory")
     return _file_version(st)
-
-
-class _Replaced(Exception):
-    """The inode a read opened left its path before its ``fstat``."""
-
-
-def _replaced_too_often(path: str) -> Conflict:
-    return Conflict(f"cannot read {path!r}: it was replaced {_READ_TRIES} times while read")
 
 
 def _file_version(st: os.stat_result) -> int:
