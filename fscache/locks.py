@@ -54,11 +54,19 @@ Lock names follow the path rules but are a namespace of their own: a lock named
   go to.
 * Watchers. Every grant, release and expiry is announced with :class:`Changed`
   (who holds the name now, None while nobody does).
+
+Cost. A server may hold a lock for each of tens of thousands of sessions, each
+renewed every few seconds, so no event scans the names: the instants at which names
+fall free are kept in a heap (an entry whose name has since been renewed, released
+or freed is skipped when it comes up), and the names each session holds or waits
+for in an index of its own. A renewal, :meth:`LockTable.next_deadline` and a lost
+connection cost the session's own names and a heap step, not a pass over the table.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -188,10 +196,13 @@ class LockTable:
         self.max_ttl = check_duration("max_ttl", max_ttl)
         self._names: dict[str, _Name] = {}
         self._busy: set[str] = set()  # names held, held back or with a queue
+        self._free_ats: list[tuple[float, str]] = []  # heap; see "Cost" above
+        # names held or waited for, in the order first asked for (a dict: ends in order)
+        self._by_session: dict[HolderId, dict[str, None]] = {}
         for record in records:
             state = self._names[record.name] = _Name(record.token, record.ttl)
             if record.held:
-                state.free_at = now + record.ttl + self.skew
+                self._free_at(record.name, state, now + record.ttl + self.skew)
                 state.held_back_by = record.identity
                 self._busy.add(record.name)
         # counters the server reports
@@ -201,7 +212,10 @@ class LockTable:
     # ------------------------------------------------------------ queries
     def next_deadline(self) -> float | None:
         """When :meth:`tick` next has something to do, or None."""
-        return min((self._names[name].free_at for name in self._busy), default=None)
+        free_ats = self._free_ats
+        while free_ats and not self._is_due_entry(*free_ats[0]):
+            heapq.heappop(free_ats)
+        return free_ats[0][0] if free_ats else None
 
     def holder(self, name: str, now: float) -> Holder | None:
         """Who holds ``name`` (until ``expiry + skew``), or None."""
@@ -290,6 +304,7 @@ class LockTable:
             return [*effects, Busy(op, name, state.holder.token if state.holder else 0)]
         state.queue.append(_Waiter(op, session, ttl, identity))
         self._busy.add(name)
+        self._by_session.setdefault(session, {})[name] = None
         return effects + self._advance(name, state, now)
 
     def renew(self, session: HolderId, name: str, token: int, now: float) -> float | None:
@@ -301,7 +316,7 @@ class LockTable:
         if state.holder.session != session or state.holder.token != token:
             return None
         state.expiry = now + state.ttl
-        state.free_at = state.expiry + self.skew
+        self._free_at(name, state, state.expiry + self.skew)
         return state.ttl
 
     def release(self, session: HolderId, name: str, token: int, now: float) -> list[Effect]:
@@ -325,21 +340,22 @@ class LockTable:
     def session_ended(self, session: HolderId, now: float) -> list[Effect]:
         """A goodbye: ``session``'s locks are released, its queued acquires dropped."""
         effects = self.disconnected(session)
-        for name in [n for n in self._busy if self._holds(session, n)]:
+        for name in [n for n in self._by_session.get(session, ()) if self._holds(session, n)]:
             effects += self._free(name, self._names[name], now)
         return effects
 
     def held_until(self, session: HolderId) -> float | None:
         """The last instant a renewal of one of ``session``'s locks may be received and
         granted (the latest ``expiry + skew``), or None if it holds none."""
-        ends = [self._names[name].free_at for name in self._busy if self._holds(session, name)]
+        names = self._by_session.get(session, ())
+        ends = [self._names[name].free_at for name in names if self._holds(session, name)]
         return max(ends, default=None)
 
     def disconnected(self, session: HolderId) -> list[Effect]:
         """``session``'s connection is lost without a goodbye: its queued acquires are
         dropped; its locks stay until they expire."""
         effects: list[Effect] = []
-        for name in list(self._busy):
+        for name in list(self._by_session.get(session, ())):
             state = self._names[name]
             effects += self._drop_waiters(name, state, session)
             self._settle(name, state)
@@ -349,7 +365,12 @@ class LockTable:
         """Time has reached ``now``: expire locks past ``expiry + skew``, end restart
         holds, and grant the names so freed."""
         effects: list[Effect] = []
-        for name in [n for n in self._busy if now >= self._names[n].free_at]:
+        free_ats, due = self._free_ats, []
+        while free_ats and free_ats[0][0] <= now:
+            due.append(heapq.heappop(free_ats))
+        for when, name in due:
+            if not self._is_due_entry(when, name):  # renewed or freed since it was filed
+                continue
             state = self._names[name]
             if state.holder is not None:
                 self.locks_expired += 1
@@ -370,8 +391,31 @@ class LockTable:
         holder = self._names[name].holder
         return holder is not None and holder.session == session
 
+    def _free_at(self, name: str, state: _Name, when: float) -> None:
+        """No grant of ``name`` before ``when``: :meth:`tick` looks at it then."""
+        state.free_at = when
+        heapq.heappush(self._free_ats, (when, name))
+
+    def _is_due_entry(self, when: float, name: str) -> bool:
+        """Whether a heap entry still stands: its name falls free at ``when``."""
+        return name in self._busy and self._names[name].free_at == when
+
+    def _unindex(self, session: HolderId, name: str, state: _Name) -> None:
+        """``session`` may no longer hold or wait for ``name``: forget it there, if so."""
+        if (state.holder is not None and state.holder.session == session) or any(
+            waiter.session == session for waiter in state.queue
+        ):
+            return
+        names = self._by_session.get(session)
+        if names is not None:
+            names.pop(name, None)
+            if not names:
+                del self._by_session[session]
+
     def _free(self, name: str, state: _Name, now: float) -> list[Effect]:
-        state.holder = None
+        holder, state.holder = state.holder, None
+        if holder is not None:
+            self._unindex(holder.session, name, state)
         state.expiry = state.free_at = -math.inf
         effects: list[Effect] = [Changed(name, state.token, None), Persist(name)]
         return effects + self._advance(name, state, now)
@@ -385,7 +429,7 @@ class LockTable:
             state.ttl = waiter.ttl
             state.holder = Holder(waiter.session, waiter.identity, state.token)
             state.expiry = now + waiter.ttl
-            state.free_at = state.expiry + self.skew
+            self._free_at(name, state, state.expiry + self.skew)
             self.locks_granted += 1
             effects += [
                 Persist(name),
@@ -400,9 +444,10 @@ class LockTable:
         if state.holder is None and not state.queue and state.free_at == -math.inf:
             self._busy.discard(name)
 
-    @staticmethod
-    def _drop_waiters(name: str, state: _Name, session: HolderId) -> list[Effect]:
+    def _drop_waiters(self, name: str, state: _Name, session: HolderId) -> list[Effect]:
         dropped = [w for w in state.queue if w.session == session]
         for waiter in dropped:
             state.queue.remove(waiter)
+        if dropped:
+            self._unindex(session, name, state)
         return [Dropped(w.op, name) for w in dropped]

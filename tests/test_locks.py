@@ -179,6 +179,43 @@ def test_a_session_holds_its_locks_until_the_last_instant_a_renewal_is_granted()
     assert locks.renew(A, "l", 1, now=TTL + SKEW) is None  # held_until itself is too late
 
 
+def test_expiries_come_in_order_of_instant_and_a_renewed_one_is_not_due_early() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "x", TTL, "a", now=0.0)
+    locks.acquire(OpId(2), B, "y", 2 * TTL, "b", now=0.0)
+    locks.acquire(OpId(3), C, "z", TTL, "c", now=1.0)
+    assert locks.next_deadline() == TTL + SKEW
+    locks.renew(A, "x", 1, now=2.0)  # x falls free at 2 + TTL + SKEW now, not TTL + SKEW
+    assert locks.next_deadline() == 1.0 + TTL + SKEW  # z's
+    assert locks.tick(just_before(1.0 + TTL + SKEW)) == []
+    assert locks.tick(2 * TTL + 2 * SKEW) == freed(1, "z") + freed(1, "x") + freed(1, "y")
+    assert locks.next_deadline() is None
+
+
+def test_a_session_that_waits_for_and_holds_names_forgets_each_as_it_ends() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "x", TTL, "a", now=0.0)
+    locks.acquire(OpId(2), B, "x", TTL, "b", now=0.0)  # B waits for x
+    locks.acquire(OpId(3), B, "y", TTL, "b", now=0.0)  # and holds y
+    locks.release(A, "x", 1, now=1.0)  # x passes to B
+    assert locks.held_until(A) is None
+    assert locks.held_until(B) == 1.0 + TTL + SKEW
+    assert locks.disconnected(A) == []  # nothing of A's is left to drop
+    assert locks.session_ended(B, now=2.0) == freed(2, "x") + freed(1, "y")  # as asked for
+    assert locks.held_until(B) is None
+
+
+def test_a_lost_connection_drops_only_its_own_sessions_acquires_among_many() -> None:
+    locks = table()
+    for i in range(1000):
+        locks.acquire(OpId(2 * i), HolderId(f"h{i}"), f"l{i}", TTL, "h", now=0.0)
+        locks.acquire(OpId(2 * i + 1), HolderId(f"w{i}"), f"l{i}", TTL, "w", now=0.0)
+    assert locks.disconnected(HolderId("w7")) == [Dropped(OpId(15), "l7")]
+    assert locks.disconnected(HolderId("h7")) == []
+    assert locks.held_until(HolderId("h7")) == TTL + SKEW
+    assert locks.tick(TTL + SKEW)[:2] == freed(1, "l0")
+
+
 # ---------------------------------------------------------------- fencing
 def test_only_the_newest_token_passes_the_fence() -> None:
     locks = table()

@@ -25,6 +25,9 @@ The invariants are the rules of :mod:`fscache.locks`:
 (g) a session that holds a name in the table is held (``held_until``, how long its
     detached session must live) past every belief of its own in a name, so it may
     come back and renew before its belief runs out;
+(h) the table's indexes agree with a scan of its names: ``next_deadline()`` is the
+    earliest instant a held, held-back or waited-for name falls free, and each
+    session's names are exactly those it holds or waits for;
 and, when the run ends and time is allowed to pass, every queued acquire is granted.
 """
 
@@ -231,6 +234,22 @@ class LockTableMachine(RuleBasedStateMachine):
         if deadline is not None:
             assert deadline > self.now, "(e) the deadline is past"
             assert self.table.tick(self.now) == [], "(e) a tick before the deadline acted"
+
+    @invariant()
+    def indexes_agree_with_a_scan(self) -> None:
+        names = self.table._names
+        busy = [state for name, state in names.items() if name in self.table._busy]
+        scanned = min((state.free_at for state in busy), default=None)
+        assert self.table.next_deadline() == scanned, "(h) the deadline heap"
+        involved: dict[HolderId, set[str]] = {}
+        for name, state in names.items():
+            sessions = [waiter.session for waiter in state.queue]
+            if state.holder is not None:
+                sessions.append(state.holder.session)
+            for session in sessions:
+                involved.setdefault(session, set()).add(name)
+        indexed = {session: set(names) for session, names in self.table._by_session.items()}
+        assert indexed == involved, "(h) the names of each session"
 
     def teardown(self) -> None:
         """Let time pass: every acquire still queued is granted in the end."""
