@@ -42,11 +42,18 @@ Rules:
   after) and made once it has taken effect (:meth:`EphemeralTable.commit`); a change
   that fails leaves the ties as they were. The lease table applies one write on a
   path at a time, so no other commit changes a path's tie between the two.
+
+Cost. A registry may tie a file to each of tens of thousands of sessions, and every
+rename anywhere asks which tied paths lie at or below its two names. The tied paths
+are also kept sorted, where the paths below a directory are one run: those that
+begin with ``dir + "/"`` sort from ``dir + "/"`` up to ``dir + "0"`` ("0" follows "/"
+in every encoding of text), found by bisection. A rename costs the ties it moves.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_left, insort
 from collections.abc import Container, Iterable, Mapping
 
 from fscache.leases import HolderId
@@ -108,14 +115,11 @@ class Plan:
 NO_CHANGE = Plan({}, {})
 
 
-def _below(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix + "/")
-
-
 class EphemeralTable:
     def __init__(self) -> None:
         self._ties: dict[str, HolderId] = {}  # path: the session it is tied to
         self._by_session: dict[HolderId, set[str]] = {}  # the same ties, by session
+        self._sorted: list[str] = []  # the tied paths, sorted (see "Cost" above)
         self.deleted = 0  # ephemeral files deleted at their session's end (reported)
 
     # ------------------------------------------------------------ queries
@@ -151,8 +155,8 @@ class EphemeralTable:
         if not ties:
             return NO_CHANGE
         src, dst = change.src, change.dst
-        moved = {p: s for p, s in ties.items() if _below(p, src)}
-        replaced = {p: s for p, s in ties.items() if _below(p, dst)}
+        moved = {p: ties[p] for p in self._at_or_below(src)}
+        replaced = {p: ties[p] for p in self._at_or_below(dst)}
         after: dict[str, HolderId | None] = dict.fromkeys(moved)
         after.update(dict.fromkeys(replaced))
         for path, session in moved.items():
@@ -199,13 +203,22 @@ class EphemeralTable:
         return effects
 
     # ------------------------------------------------------------ internals
+    def _at_or_below(self, path: str) -> list[str]:
+        """The tied paths that are ``path`` or lie below it, as a directory."""
+        found = [path] if path in self._ties else []
+        tied = self._sorted
+        return found + tied[bisect_left(tied, path + "/") : bisect_left(tied, path + "0")]
+
     def _tie(self, path: str, session: HolderId) -> None:
+        if path not in self._ties:
+            insort(self._sorted, path)
         self._ties[path] = session
         self._by_session.setdefault(session, set()).add(path)
 
     def _untie(self, path: str) -> None:
         session = self._ties.pop(path, None)
         if session is not None:
+            del self._sorted[bisect_left(self._sorted, path)]
             paths = self._by_session[session]
             paths.discard(path)
             if not paths:

@@ -97,6 +97,24 @@ def test_a_directory_rename_moves_every_tie_below_it() -> None:
     assert table.ties() == {"old/svc/a": A, "old/svc/sub/b": B, "svcx": A}
 
 
+def test_a_directory_rename_finds_its_ties_among_names_that_sort_around_it() -> None:
+    """Names that share the directory's name as a prefix and sort before "/" (" ",
+    "-", ".") or after it ("0", "x", non-ASCII) are not below it."""
+    table = EphemeralTable()
+    around = ["d", "d d", "d-x", "d.x", "d0", "dx", "dé", "c/d/x", "e"]
+    for path in around:
+        apply(table, Rewrite(path + "/f" if path == "d" else path, A))
+    apply(table, Rewrite("d/sub/g", B))
+    apply(table, Rewrite("d/z", B))
+    apply(table, Move("d", "moved"))
+    assert table.ties() == {
+        **dict.fromkeys(["d d", "d-x", "d.x", "d0", "dx", "dé", "c/d/x", "e"], A),
+        "moved/f": A, "moved/sub/g": B, "moved/z": B,
+    }  # fmt: skip
+    apply(table, Move("e", "moved/z"))  # a file over a tied file
+    assert table.ties()["moved/z"] == A and "e" not in table.ties()
+
+
 def test_a_delete_for_an_ended_session_is_skipped_once_the_file_is_untied() -> None:
     table = EphemeralTable()
     apply(table, Rewrite("f", A))

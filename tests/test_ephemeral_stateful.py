@@ -204,6 +204,7 @@ class EphemeralMachine(RuleBasedStateMachine):
     @invariant()
     def ties_follow_the_rules(self) -> None:  # (a)
         assert self.ties.ties() == self.model_ties
+        assert self.ties._sorted == sorted(self.model_ties), "(a) the sorted index"
         assert self.model_ties.keys() <= self.files.keys()
         for session in {*self.sessions, *self.ended}:
             tied = sorted(p for p, s in self.model_ties.items() if s == session)
