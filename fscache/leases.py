@@ -496,8 +496,8 @@ class LeaseTable:
         return [
             SendApprovalRequest(holder, key, write.op)
             for write in self._waiting_writes()
-            for (key, asked), dead_by in write.waiting_on.items()
-            if asked == holder and now < dead_by
+            for key in write.keys  # a few keys, where waiting_on may hold every holder's
+            if now < write.waiting_on.get((key, holder), -math.inf)
         ]
 
     def disconnected(self, holder: HolderId, *, goodbye: bool, now: float) -> list[Effect]:
