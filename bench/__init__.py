@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from fscache.cli import exit_interrupted
+
 BENCH_EXTRA_HINT = "pip install 'fscache[bench]'"
 
 
@@ -34,4 +36,4 @@ def run_main(main: Callable[..., int | None], *args: Any) -> int:
         return main(*args) or 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return exit_interrupted()

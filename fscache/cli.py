@@ -52,6 +52,18 @@ EXIT_UNAVAILABLE = 3
 EXIT_UNAUTHORIZED = 4
 
 
+def exit_interrupted() -> int:
+    """130, the exit status of a Ctrl-C handled by printing one line.
+
+    Under ``python -m``, CPython exits by SIGINT after all, instead of with the status
+    it was given, if a KeyboardInterrupt ever left an ``exec`` or ``eval`` of source
+    text: it takes that for an unhandled interrupt. Dataclasses and named tuples are
+    made with ``exec`` as modules import, so a Ctrl-C during start-up can land there.
+    Running any source text clears that mark, so the status is 130 every time."""
+    exec("")  # see above: not for its effect, for the mark it clears
+    return 130
+
+
 def _seconds(text: str) -> float:
     """A term or a skew, checked by :func:`fscache.settings.check_duration`."""
     try:
@@ -335,9 +347,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _failed(args, f"{type(exc).__name__}: {exc}", EXIT_ERROR)
     except KeyboardInterrupt:  # Ctrl-C: the children are stopped on the way out
         if _json_log(args):
-            return _failed(args, "interrupted", 130)
+            return _failed(args, "interrupted", exit_interrupted())
         print("interrupted", file=sys.stderr)
-        return 130
+        return exit_interrupted()
     except BrokenPipeError:  # `fscache stats ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -268,6 +268,38 @@ def test_ctrl_c_stops_the_benchmark_and_all_its_children(
     assert left == []
 
 
+_INTERRUPTED_IN_EXEC = {
+    "benchmark": (
+        "import sys\n"
+        "from fscache.bench import run_main\n"
+        "def main():\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "sys.exit(run_main(main))\n"
+    ),
+    "command": (
+        "import sys\n"
+        "from fscache import cli\n"
+        "def ls(args):\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "cli._COMMANDS['ls'] = ls\n"
+        "sys.exit(cli.main(['ls', '127.0.0.1:1']))\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(_INTERRUPTED_IN_EXEC))
+def test_a_ctrl_c_that_lands_in_generated_code_still_exits_130(tmp_path: Path, entry: str) -> None:
+    """A Ctrl-C may arrive while a dataclass's methods are made with ``exec``, as
+    modules import. Under ``python -m``, CPython then exits by SIGINT rather than with
+    the status the handler returned, unless the mark it left is cleared."""
+    (tmp_path / "interrupted_in_exec.py").write_text(_INTERRUPTED_IN_EXEC[entry])
+    result = subprocess.run(
+        [sys.executable, "-m", "interrupted_in_exec"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (result.returncode, result.stderr.splitlines()[-1:]) == (130, ["interrupted"])
+
+
 def test_values_round_trip_through_file_contents() -> None:
     data = encode_value(1234, 64)
     assert len(data) == 64 and decode_value(data) == 1234
