@@ -24,6 +24,7 @@ from fscache.bench.demo_console import Console
 from fscache.bench.demo_options import CRASH_CLIENTS, CRASH_TERM, check_crash
 from fscache.bench.demo_reader import Abort
 from fscache.bench.demo_script import CrashDemo, Interrupted, Tolerances
+from fscache.cli import exit_interrupted
 from fscache.errors import FscacheError
 
 
@@ -77,7 +78,7 @@ def _play(demo: CrashDemo, root: str) -> int | None:
             if isinstance(leaf, KeyboardInterrupt):
                 c.clear_status()
                 c.line(f"\ninterrupted: stopping the server and the {demo.children_name}")
-                return 130
+                return exit_interrupted()
             if isinstance(leaf, Interrupted):
                 c.clear_status()
                 c.line(f"\n{leaf}: stopping the server and the {demo.children_name}")
