@@ -15,7 +15,10 @@ server process:
   bar is none), how many read old data
   (:func:`fscache.bench.scale_conns.measure_restart_storm`);
 * **fairness** -- an idle client's latency while others load the server
-  (:func:`fscache.bench.scale_conns.measure_fairness`).
+  (:func:`fscache.bench.scale_conns.measure_fairness`);
+* **locks** -- 10,000 clients each holding a lock of its own, renewed every ttl/3:
+  the server's CPU while they hold them, and how many were lost
+  (:func:`fscache.bench.scale_conns.measure_locks`).
 
 It prints one table per measurement and, with ``--out DIR``, writes ``scale.json``
 (the same rows) and ``scale.png`` (connections and leases against server RSS,
@@ -50,6 +53,9 @@ def _sizes(quick: bool) -> dict[str, Any]:
             "fanout_repetitions": 3,
             "storm_clients": 10,
             "fairness_s": 1.0,
+            "locks": 20,
+            "lock_ttl_s": 3.0,
+            "lock_window_s": 1.0,
         }
     return {
         "connections": [100, 1_000, 5_000, 10_000],
@@ -58,6 +64,9 @@ def _sizes(quick: bool) -> dict[str, Any]:
         "fanout_repetitions": 5,
         "storm_clients": 10_000,
         "fairness_s": 5.0,
+        "locks": 10_000,
+        "lock_ttl_s": 30.0,
+        "lock_window_s": 20.0,
     }
 
 
@@ -94,6 +103,13 @@ def measure(quick: bool, say: Callable[[str], None] = print) -> dict[str, Any]:
     )
     run("restart_storm", conns, lambda m: m.measure_restart_storm(sizes["storm_clients"]))
     run("fairness", conns, lambda m: m.measure_fairness(sizes["fairness_s"]))
+    run(
+        "locks",
+        conns,
+        lambda m: m.measure_locks(
+            sizes["locks"], ttl=sizes["lock_ttl_s"], seconds=sizes["lock_window_s"]
+        ),
+    )
     return results
 
 
@@ -112,6 +128,7 @@ _COLUMNS = {  # each measurement's fields, in the order shown
         "stale_reads", "server_cpu_s",
     ],
     "fairness": ["idle_median_s", "idle_p99_s", "loaded_median_s", "loaded_p99_s", "ratio"],
+    "locks": ["locks", "ttl_s", "all_held_s", "server_cpu_share", "not_taken", "lost"],
 }  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """Connections at scale, with real processes: the server's memory per idle client, a
-restart storm, and one client's read latency while another floods the server.
+restart storm, one client's read latency while another floods the server, and the
+server's CPU while thousands of clients each hold a lock.
 
     python -m fscache.bench.scale_conns [--clients 10000] [--seconds 5]
 
@@ -35,6 +36,11 @@ many :func:`fscache.open_client` clients in one trio loop and driven over a pipe
   round trip) every few milliseconds for ``seconds`` alone, then again while a
   flooder pipelines read requests on one raw connection as fast as the server
   answers them. ``ratio`` is the loaded median over the idle median.
+* :func:`measure_locks` -- ``clients`` clients each take a lock of their own
+  (``scale/N``) for ``LOCK_TTL`` seconds and hold it; each client renews its lock
+  every ttl/3 by itself. Once all are held and each renewed once, the server's CPU
+  is read over ``LOCK_WINDOW_S`` seconds (``server_cpu_share``: of one core); at the
+  end each client says whether its lock was lost (the bar is none).
 
 Nothing here is asserted by tests: the figures belong to the machine they were
 taken on.
@@ -90,6 +96,8 @@ WORKER_TIMEOUT = 600.0  # s a worker has to answer one command
 # storm. All 10,000 at once were a second storm: on a loaded 2-core machine the last
 # replies came after the client's 3 s liveness bound, and links were given up.
 VERIFY_AT_ONCE = 64
+LOCK_TTL = 30.0  # s: each lock of measure_locks, renewed every ttl/3
+LOCK_WINDOW_S = 20.0  # s over which the server's CPU is measured while they are held
 
 
 # ---------------------------------------------------------------- the server
@@ -157,6 +165,7 @@ class _Clients:
     def __init__(self, nursery: trio.Nursery) -> None:
         self.nursery = nursery
         self.clients: list[Client] = []
+        self.lost = 0  # locks lost while held (hold_locks)
         self._closed = trio.Event()
 
     async def connect(self, host: str, port: int, count: int, path: str) -> int:
@@ -238,6 +247,44 @@ class _Clients:
             self.nursery.start_soon(one)
         await all_settled.wait()
         return connected
+
+    async def hold_locks(self, host: str, port: int, count: int, first: int, ttl: float) -> int:
+        """Open ``count`` clients that each take their own lock (``scale/N``, N from
+        ``first``) for ``ttl`` seconds and hold it (the client renews it every ttl/3)
+        until :meth:`close`; how many took it. Losses are counted in ``self.lost``."""
+        limit = trio.CapacityLimiter(CONNECTS_AT_ONCE)
+        taken = settled = 0
+        all_settled = trio.Event()
+
+        async def one(n: int) -> None:
+            nonlocal taken, settled
+            lock = None
+            for _ in range(CONNECT_ATTEMPTS):
+                try:
+                    async with limit:
+                        stack = contextlib.AsyncExitStack()
+                        client = await stack.enter_async_context(fscache.open_client(host, port))
+                        lock = await client.acquire(f"scale/{n}", ttl)
+                    break
+                except fscache.FscacheError as exc:  # no answer in time, or lost as granted
+                    await stack.aclose()
+                    error = exc
+            settled += 1
+            if settled == count:
+                all_settled.set()
+            if lock is None:
+                print(f"a client did not take its lock: {error!r}", file=sys.stderr)
+                return
+            taken += 1
+            async with stack:
+                await self._closed.wait()
+                self.lost += lock.lost.is_set()
+                await lock.release()
+
+        for i in range(count):
+            self.nursery.start_soon(one, first + i)
+        await all_settled.wait()
+        return taken
 
     async def close(self) -> None:
         """Close every client (each says goodbye) and wait until they are closed."""
@@ -376,10 +423,12 @@ async def _work(pipe: Any) -> None:
                 nursery.start_soon(_flood_until, flood_stop, pipe, *args)
             elif name == "stop_flood":
                 flood_stop.set()  # _flood_until answers with the count
+            elif name == "hold_locks":
+                pipe.send(await clients.hold_locks(*args))
             elif name == "close":
                 await clients.close()
+                pipe.send(clients.lost)
                 clients = _Clients(held)
-                pipe.send(True)
 
 
 async def _flood_until(stop: trio.Event, pipe: Any, host: str, port: int) -> None:
@@ -502,6 +551,51 @@ def measure_restart_storm(
     }
 
 
+def measure_locks(
+    clients: int, *, ttl: float = LOCK_TTL, seconds: float = LOCK_WINDOW_S
+) -> dict[str, float]:
+    """``clients`` clients each holding a lock of its own for ``ttl`` seconds, renewed
+    by the client every ttl/3: the server's CPU while they hold them (a share of one
+    core, over ``seconds``), how long they took to take them, and how many were lost
+    (the bar is none). What a registry or a pool of workers with a lock each costs."""
+    shares = _shares(clients)
+    with _workdir() as root:
+        server = start_server(root, max_connections=clients + 16)
+        pool = WorkerPool(_worker, len(shares), name="scale-locks")
+        try:
+            began = time.monotonic()
+            firsts = [sum(shares[:i]) for i in range(len(shares))]
+            pool.send_all([
+                ("hold_locks", "127.0.0.1", server.port, n, first, ttl)
+                for n, first in zip(shares, firsts, strict=True)
+            ])  # fmt: skip
+            taken = sum(pool.receive_all(WORKER_TIMEOUT))
+            all_held = time.monotonic() - began
+            time.sleep(ttl / 3)  # every lock renewed once since the last was taken
+            cpu_before, window_began = process_cpu_seconds(server.pid), time.monotonic()
+            time.sleep(seconds)
+            cpu = process_cpu_seconds(server.pid) - cpu_before
+            window = time.monotonic() - window_began
+            pool.send_all([("close",)] * len(shares))
+            lost = sum(pool.receive_all(WORKER_TIMEOUT))
+        finally:
+            pool.close()
+            server.stop()
+    print(
+        f"locks: {taken} of {clients} held, after {all_held:.1f} s; server CPU"
+        f" {cpu / window:.0%} of a core while they renewed; {lost} lost",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
+    return {
+        "locks": float(clients),
+        "ttl_s": ttl,
+        "all_held_s": all_held,
+        "server_cpu_share": cpu / window,
+        "not_taken": float(clients - taken),
+        "lost": float(lost),
+    }
+
+
 async def _write_and_count_refusals(port: int, data: bytes) -> int:
     """Write ``data`` to SHARED_FILE (waiting out the restart window); the server's
     count of refused connections. Tried again while the server, still busy with the
@@ -599,6 +693,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps(report["restart_storm"], indent=1), flush=True)
     report["fairness"] = measure_fairness(args.seconds)
     print(json.dumps(report["fairness"], indent=1), flush=True)
+    report["locks"] = measure_locks(args.clients)
+    print(json.dumps(report["locks"], indent=1), flush=True)
     return 0
 
 

@@ -25,7 +25,7 @@ def test_the_quick_run_prints_the_table_and_writes_json_and_the_plot(tmp_path: P
         check=False,
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    for heading in ("connections:", "leases:", "fanout:", "restart storm:", "fairness:"):
+    for heading in ("connections:", "leases:", "fanout:", "restart storm:", "fairness:", "locks:"):
         assert heading in run.stdout
     results = json.loads((tmp_path / scale.SCALE_JSON).read_text())
     assert results["quick"] is True
@@ -47,7 +47,8 @@ def test_the_quick_run_prints_the_table_and_writes_json_and_the_plot(tmp_path: P
     storm = results["restart_storm"]
     if "not_measured" not in storm:
         assert storm["clients_nice"] == scale_conns.STORM_CLIENTS_NICE
-    for name in ("connections", "restart_storm", "fairness"):  # rows, or why there are none
+    assert set(results["locks"]) == {*scale._COLUMNS["locks"]} and results["locks"]["locks"] == 20
+    for name in ("connections", "restart_storm", "fairness", "locks"):  # rows, or why not
         value = results[name]
         assert value, name
         if isinstance(value, dict) and "not_measured" in value:
