@@ -111,6 +111,10 @@ Memory and cost (a million live leases must fit a small server):
 * A waiting write keeps the dead-by instants it waits on in a heap: waiting out
   expired holders and finding the next deadline cost the holders that expire, and
   an approval is a dict deletion, however many holders the write asked.
+* A read queued behind a write is also filed under its holder, so a lost
+  connection discards its own queued reads without a pass over the queues (which
+  may hold a read of every holder a fan-out asked): each is marked discarded
+  where it stands, and skipped when its turn comes.
 """
 
 from __future__ import annotations
@@ -298,6 +302,7 @@ class _Op:
     waits: list[tuple[float, str, HolderId]] = dataclasses.field(
         default_factory=list
     )  # heap of (dead-by, key, holder); entries no longer in waiting_on are skipped
+    discarded: bool = False  # a queued read whose connection closed: skipped in turn
 
     @property
     def first_key(self) -> str:
@@ -364,6 +369,7 @@ class LeaseTable:
         self._numbered: dict[float, _Holder] = {}  # the same, by number
         self._last_number = 0.0
         self._queues: dict[str, deque[_Op]] = {}  # only keys with a queued write
+        self._queued_reads: dict[HolderId, dict[_Op, None]] = {}  # the same reads, by holder
         self._started: dict[str, _Op] = {}  # key: the write asking its holders to approve
         self._applying: dict[OpId, _Op] = {}  # writes handed out as ApplyWrite
         self._subtree_writes: list[_Op] = []  # queued directory renames, in arrival order
@@ -429,7 +435,9 @@ class LeaseTable:
             self._join_subtree_writes(key)
         queue = self._queues.get(key)
         if queue is not None:
-            queue.append(_Op(op, holder, {key: None}, is_write=False))
+            queued = _Op(op, holder, {key: None}, is_write=False)
+            queue.append(queued)
+            self._queued_reads.setdefault(holder, {})[queued] = None
             return None
         return self._lease(holder, key, now)
 
@@ -504,10 +512,9 @@ class LeaseTable:
         """``holder``'s connection closed. Its queued reads are discarded. With a goodbye
         its leases are relinquished; without one they stay until they expire."""
         effects: list[Effect] = []
-        for queue in self._queues.values():
-            for queued in [q for q in queue if q.holder == holder and not q.is_write]:
-                queue.remove(queued)
-                effects.append(Discarded(queued.op))
+        for queued in self._queued_reads.pop(holder, ()):
+            queued.discarded = True  # left in its queue, skipped when its turn comes
+            effects.append(Discarded(queued.op))
         mine = self._holders.get(holder)
         if goodbye and mine is not None:  # its leases end, all at once: see _retire
             self._retire(mine)
@@ -676,6 +683,12 @@ class LeaseTable:
             queue = self._queues.get(key)
             while queue and not queue[0].is_write:
                 head = queue.popleft()
+                if head.discarded:
+                    continue
+                reads = self._queued_reads[head.holder]
+                del reads[head]
+                if not reads:
+                    del self._queued_reads[head.holder]
                 term = self._lease(head.holder, key, now)
                 effects.append(Grant(head.op, head.holder, key, term))
             if not queue:
