@@ -234,7 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     write = client_command("write", "write a file from FILE or stdin")
     write.add_argument("path", metavar="PATH")
     write.add_argument("source", metavar="FILE|-", nargs="?", default="-")
-    write.add_argument("--if-version", type=int, help="compare-and-set: only if at VERSION")
+    write.add_argument(
+        "--if-version", type=_file_version, metavar="VERSION",
+        help="compare-and-set: only if at VERSION (0: only if it does not exist)",
+    )  # fmt: skip
     fence_help = "only while TOKEN is the newest of the lock NAME (fencing)"
     write.add_argument("--fence", metavar="NAME:TOKEN", type=_fence, help=fence_help)
     ls = client_command("ls", "list a directory")
@@ -245,7 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     mv.add_argument("--fence", metavar="NAME:TOKEN", type=_fence, help=fence_help)
     rm = client_command("rm", "delete a file (rmdir removes a directory)")
     rm.add_argument("path", metavar="PATH")
-    rm.add_argument("--if-version", type=int, help="compare-and-set: only if at VERSION")
+    rm.add_argument(
+        "--if-version", type=_file_version, metavar="VERSION",
+        help="compare-and-set: only if at VERSION",
+    )  # fmt: skip
     rm.add_argument("--fence", metavar="NAME:TOKEN", type=_fence, help=fence_help)
     leader = client_command("leader", "print who holds a lock (nothing if nobody does)")
     leader.add_argument("name", metavar="NAME")
@@ -310,8 +316,65 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class OutputFailed(Exception):
+    """Standard output did not take what a command wrote: a full disk, a closed
+    descriptor (``>&-``). (A reader that went away, ``| head``, is not a failure.)"""
+
+
+def _say(text: object) -> None:
+    """Print one line of a command's result to standard output, or raise
+    :class:`OutputFailed` (``print`` itself writes nothing, silently, when the
+    descriptor was closed before the start)."""
+    if sys.stdout is None:
+        raise OutputFailed("standard output is closed")
+    try:
+        print(text)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputFailed(exc.strerror or str(exc)) from None
+
+
+class _StdoutSink:
+    """Standard output's bytes, for a file read whole to it; raises
+    :class:`OutputFailed` as :func:`_say` does."""
+
+    def __init__(self) -> None:
+        if sys.stdout is None:
+            raise OutputFailed("standard output is closed")
+        self._buffer = sys.stdout.buffer
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self._buffer.write(data)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputFailed(exc.strerror or str(exc)) from None
+
+    def seekable(self) -> bool:
+        return False
+
+
+def _flush_stdout() -> None:
+    if sys.stdout is not None:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputFailed(exc.strerror or str(exc)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # before a command began: while its modules load
+        print("interrupted", file=sys.stderr)
+        return exit_interrupted()
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(
@@ -333,7 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from fscache.bench.workload import main as bench_main
 
                 return bench_main(rest)
-            return _COMMANDS[args.command](args)
+            status = _COMMANDS[args.command](args)
+            _flush_stdout()  # here, where a failure is reported, not at exit
+            return status
         except BaseExceptionGroup as group:  # trio groups what a nursery raised
             leaf = _single_leaf(group)
             if leaf is None:
@@ -344,7 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FscacheError as exc:
         if _credentials_refused(exc):
             return _failed(args, f"unauthorized: {exc}", EXIT_UNAUTHORIZED)
-        return _failed(args, f"{type(exc).__name__}: {exc}", EXIT_ERROR)
+        kind = "" if type(exc) is FscacheError else f"{type(exc).__name__}: "  # a named kind
+        return _failed(args, f"{kind}{exc}", EXIT_ERROR)
     except KeyboardInterrupt:  # Ctrl-C: the children are stopped on the way out
         if _json_log(args):
             return _failed(args, "interrupted", exit_interrupted())
@@ -353,6 +419,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `fscache stats ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OutputFailed as exc:  # `fscache read ... > /dev/full`, `>&-`
+        if sys.stdout is not None:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # drop the rest
+        return _failed(args, f"cannot write to standard output: {exc}", EXIT_ERROR)
     except Exception:
         if not _json_log(args):
             raise
@@ -425,6 +495,17 @@ def _serve_options(
     return args
 
 
+def _file_version(text: str) -> int:
+    """``--if-version``'s VERSION: a whole number, 0 or more (bad usage otherwise)."""
+    try:
+        version = int(text)
+    except ValueError:
+        version = -1
+    if version < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a version (a whole number, 0 or more)")
+    return version
+
+
 def _address(text: str) -> str:
     """A client command's HOST:PORT, checked (a bad one is bad usage)."""
     from fscache.client.client import parse_address
@@ -474,6 +555,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"fscache serve: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure(args.log_format, args.verbose)
+    if 0 < args.term <= args.skew:
+        logging.getLogger("fscache.server").warning(
+            "the skew (%g s) is not less than the term (%g s): a client trusts a lease"
+            " for term - skew, so none will answer from its cache, yet writers wait"
+            " out every lease; lower --skew, or serve with --term 0 for no caching",
+            args.skew, args.term,
+        )  # fmt: skip
     # In JSON every line on stderr is one object: the shutdown is told there as
     # events; stdout keeps the lines tools read at start (the serving line first).
     json_log = args.log_format == "json"
@@ -555,8 +643,8 @@ def _with_client(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]]) 
 
 
 def _read(args: argparse.Namespace) -> int:
-    _with_client(args, lambda c: c.read_into(args.path, sys.stdout.buffer))
-    sys.stdout.flush()
+    sink = _StdoutSink()
+    _with_client(args, lambda c: c.read_into(args.path, sink))
     return 0
 
 
@@ -573,12 +661,12 @@ def _write(args: argparse.Namespace) -> int:
             args,
             lambda c: c.write(args.path, source, if_version=args.if_version, fence=args.fence),
         )
-    print(version)
+    _say(version)
     return 0
 
 
 def _mv(args: argparse.Namespace) -> int:
-    print(_with_client(args, lambda c: c.rename(args.src, args.dst, fence=args.fence)))
+    _say(_with_client(args, lambda c: c.rename(args.src, args.dst, fence=args.fence)))
     return 0
 
 
@@ -594,7 +682,7 @@ def _leader(args: argparse.Namespace) -> int:
     if identity is None:
         print(f"nobody holds {args.name!r}", file=sys.stderr)
     else:
-        print(identity)
+        _say(identity)
     return 0
 
 
@@ -620,12 +708,12 @@ def _rmdir(args: argparse.Namespace) -> int:
 
 def _ls(args: argparse.Namespace) -> int:
     for name in _with_client(args, lambda c: c.listdir(args.path)):
-        print(name)
+        _say(name)
     return 0
 
 
 def _stats(args: argparse.Namespace) -> int:
-    print(json.dumps(_with_client(args, lambda c: c.server_stats()), indent=2, sort_keys=True))
+    _say(json.dumps(_with_client(args, lambda c: c.server_stats()), indent=2, sort_keys=True))
     return 0
 
 
@@ -669,7 +757,7 @@ def _certs(args: argparse.Namespace) -> int:
     hosts = args.hosts or ["127.0.0.1", "localhost", "::1"]
     written = make_certs(args.directory, hosts=hosts, clients=args.clients, overwrite=args.force)
     for path in written:
-        print(path)
+        _say(path)
     return 0
 
 

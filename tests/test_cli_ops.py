@@ -163,3 +163,42 @@ def test_leader_names_a_locks_holder_and_fence_guards_write_rm_and_mv(served):  
     for bad in ("jobs/leader", "jobs/leader:", ":3", "jobs/leader:0", "jobs/leader:x"):
         usage = fscache_command("write", served, "f", "-", "--fence", bad)
         assert usage.returncode == 2 and b"NAME:TOKEN" in usage.stderr
+
+
+@pytest.mark.parametrize("command", [["read", "f"], ["ls"], ["stats"]])
+def test_output_that_cannot_be_written_is_one_line_and_exit_1(served, command):  # noqa: F811
+    """A full disk (``> /dev/full``) or a closed descriptor (``>&-``) takes nothing a
+    command prints: one line says so, and the status says it failed."""
+    assert fscache_command("write", served, "f", "-", stdin=b"x" * 100_000).returncode == 0
+    argv = [sys.executable, "-m", "fscache", command[0], served, *command[1:]]
+    with open("/dev/full", "wb") as full:
+        to_full = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, timeout=60)
+    closed = subprocess.run(
+        ["sh", "-c", '"$@" >&-', "sh", *argv], stderr=subprocess.PIPE, timeout=60
+    )  # fmt: skip
+    assert (to_full.returncode, to_full.stderr.decode().splitlines()) == (
+        1, ["fscache: cannot write to standard output: No space left on device"],
+    )  # fmt: skip
+    assert (closed.returncode, closed.stderr.decode().splitlines()) == (
+        1, ["fscache: cannot write to standard output: standard output is closed"],
+    )  # fmt: skip
+
+
+def test_a_negative_if_version_is_bad_usage_before_anything_is_sent(served):  # noqa: F811
+    for command in (["write", served, "f", "-"], ["rm", served, "f"]):
+        done = fscache_command(*command[:1], "--if-version", "-5", *command[1:])
+        assert done.returncode == 2
+        assert b"'-5' is not a version (a whole number, 0 or more)" in done.stderr
+
+
+def test_a_ctrl_c_while_the_arguments_are_read_is_one_line_and_130(monkeypatch, capsys):
+    """Checking HOST:PORT loads the client and trio (the slow part of a start): a
+    Ctrl-C then is the one line a Ctrl-C later gets, not a traceback."""
+    from fscache import cli
+
+    def interrupted(text: str) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_address", interrupted)
+    assert cli.main(["ls", "127.0.0.1:1"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"

@@ -491,7 +491,7 @@ def test_a_server_refuses_a_client_certificate_as_its_own(tmp_path: pathlib.Path
     )  # fmt: skip
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        f"fscache: FscacheError: {wrong / 'server.pem'} is not a server certificate"
+        f"fscache: {wrong / 'server.pem'} is not a server certificate"
         " (its extended key usage has no serverAuth; a client's?): pass the server bundle,"
         " CERTS/server, made by `fscache certs`"
     ]
