@@ -360,23 +360,63 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+_FULL = {"rounds": 7, "hit_loops": 1_000_000, "misses": 2000, "seconds": 2.0}
+_QUICK = {"rounds": 3, "hit_loops": 20_000, "misses": 200, "seconds": 0.5}
+
+
+def _at_least(least: float, kind: type[int] | type[float]) -> Callable[[str], float]:
+    """An argparse type: a number of ``kind``, ``least`` or more (bad usage otherwise)."""
+
+    def check(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value >= least:  # (nan too)
+            raise argparse.ArgumentTypeError(f"{text} is less than {least:g}")
+        return value
+
+    return check
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fscache.bench.speed",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    whole, seconds = _at_least(1, int), _at_least(0.1, float)
     parser.add_argument("--out", help="write the figures as JSON to this file")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per section")
-    parser.add_argument("--hit-loops", type=int, default=1_000_000, help="calls per hit pass")
-    parser.add_argument("--misses", type=int, default=2000, help="files read per miss pass")
-    parser.add_argument("--clients", type=int, default=50)
-    parser.add_argument("--processes", type=int, default=2, help="load generator processes")
-    parser.add_argument("--seconds", type=float, default=2.0, help="throughput pass window")
-    parser.add_argument("--quick", action="store_true", help="fewer loops (a smoke test)")
+    parser.add_argument(
+        "--rounds", type=whole, help=f"interleaved rounds per section (default {_FULL['rounds']})"
+    )
+    parser.add_argument(
+        "--hit-loops", type=whole, help=f"calls per hit pass (default {_FULL['hit_loops']:,})"
+    )
+    parser.add_argument(
+        "--misses", type=whole, help=f"files read per miss pass (default {_FULL['misses']:,})"
+    )
+    parser.add_argument(
+        "--clients", type=whole, default=50,
+        help="clients of the throughput passes (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--processes", type=whole, default=2,
+        help="load generator processes (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seconds", type=seconds, help=f"throughput pass window (default {_FULL['seconds']:g})"
+    )
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="a smoke test: the defaults become " + ", ".join(
+            f"--{name.replace('_', '-')} {value:g}" for name, value in _QUICK.items()
+        ) + " (flags given still win)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    if args.quick:
-        args.rounds, args.hit_loops, args.misses, args.seconds = 3, 20_000, 200, 0.5
+    for name, value in (_QUICK if args.quick else _FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     passes: Passes = {}
     with tempfile.TemporaryDirectory(prefix="fscache-speed-") as tmp:
         measures: list[tuple[str, Callable[[str], Passes]]] = [
