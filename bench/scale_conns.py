@@ -2,7 +2,7 @@
 restart storm, one client's read latency while another floods the server, and the
 server's CPU while thousands of clients each hold a lock.
 
-    python -m fscache.bench.scale_conns [--clients 10000] [--seconds 5]
+    python -m fscache.bench.scale_conns [--clients 10000] [--seconds 5] [--only NAME]
 
 Theory of operation
 -------------------
@@ -60,7 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import trio
@@ -96,6 +96,7 @@ WORKER_TIMEOUT = 600.0  # s a worker has to answer one command
 # storm. All 10,000 at once were a second storm: on a loaded 2-core machine the last
 # replies came after the client's 3 s liveness bound, and links were given up.
 VERIFY_AT_ONCE = 64
+MEASUREMENTS = ("connections", "storm", "fairness", "locks")  # --only's names, in order
 LOCK_TTL = 30.0  # s: each lock of measure_locks, renewed every ttl/3
 LOCK_WINDOW_S = 20.0  # s over which the server's CPU is measured while they are held
 
@@ -667,12 +668,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=0)
     serve.add_argument("--term", type=float, default=TERM)
     serve.add_argument("--max-connections", type=int, default=1024)
-    parser.add_argument("--clients", type=int, default=10000, help="for the storm and the top row")
-    parser.add_argument("--seconds", type=float, default=5.0, help="each fairness phase")
+    parser.add_argument(
+        "--clients", type=int, default=10000,
+        help="for the storm, the locks and the top row of connections (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seconds", type=float, default=5.0, help="each fairness phase (default %(default)s)"
+    )
     parser.add_argument(
         "--storm-clients-nice", type=int, choices=range(20), default=STORM_CLIENTS_NICE,
         metavar="N", help="the storm's client processes' nice value, 0-19 (default"
         f" {STORM_CLIENTS_NICE}; 0: the server's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--only", choices=MEASUREMENTS, action="append",
+        help="run this measurement alone (again for more); default: all, in this order: "
+        + ", ".join(MEASUREMENTS),
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.command == "serve":
@@ -684,17 +695,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure("text", 0)  # what `fscache serve` logs by default
         trio.run(_serve, args.root, args.port, args.term, args.max_connections)
         return 0
+    if args.clients < 1 or args.seconds <= 0:
+        parser.error("--clients must be 1 or more and --seconds more than 0")
     counts = sorted({args.clients // 10, args.clients // 2, args.clients} - {0})
-    report: dict[str, Any] = {"connections": measure_connections(counts)}
-    print(json.dumps(report, indent=1), flush=True)
-    report["restart_storm"] = measure_restart_storm(
-        args.clients, clients_nice=args.storm_clients_nice
-    )
-    print(json.dumps(report["restart_storm"], indent=1), flush=True)
-    report["fairness"] = measure_fairness(args.seconds)
-    print(json.dumps(report["fairness"], indent=1), flush=True)
-    report["locks"] = measure_locks(args.clients)
-    print(json.dumps(report["locks"], indent=1), flush=True)
+    measurements: dict[str, Callable[[], Any]] = {
+        "connections": lambda: measure_connections(counts),
+        "storm": lambda: measure_restart_storm(args.clients, clients_nice=args.storm_clients_nice),
+        "fairness": lambda: measure_fairness(args.seconds),
+        "locks": lambda: measure_locks(args.clients),
+    }
+    for name in MEASUREMENTS:
+        if args.only is None or name in args.only:
+            print(json.dumps({name: measurements[name]()}, indent=1), flush=True)
     return 0
 
 
