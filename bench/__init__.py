@@ -15,7 +15,7 @@ from typing import Any
 
 from fscache.cli import exit_interrupted
 
-BENCH_EXTRA_HINT = "pip install 'fscache[bench]'"
+BENCH_EXTRA_HINT = "pip install -e '.[bench]' in the fscache checkout"
 
 
 def missing_extra(*modules: str) -> str | None:

@@ -209,7 +209,7 @@ def test_a_benchmark_without_the_bench_extra_says_how_to_get_it() -> None:
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         "fscache bench: numpy is not installed; the benchmarks need it:"
-        " pip install 'fscache[bench]'"
+        " pip install -e '.[bench]' in the fscache checkout"
     ]
 
 
@@ -218,7 +218,7 @@ def test_the_locks_benchmark_without_etcd3gw_says_how_to_get_it() -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "etcd3gw is not installed" in result.stderr
-    assert "pip install 'fscache[bench]'" in result.stderr
+    assert "pip install -e '.[bench]' in the fscache checkout" in result.stderr
 
 
 def leftovers(pgid: int, marker: str) -> list[str]:
