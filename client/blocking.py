@@ -47,7 +47,16 @@ from typing import IO, Any, TypeVar
 import trio
 
 from fscache.cache import DEFAULT_MAX_BYTES, DirEntry
-from fscache.client.client import Client, Fencing, Source, StatResult, open_client, parse_address
+from fscache.client.client import (
+    _WHOLE,
+    Client,
+    Fencing,
+    Source,
+    StatResult,
+    _cut,
+    open_client,
+    parse_address,
+)
 from fscache.client.locks import Lock
 from fscache.client.watch import Change
 from fscache.errors import FscacheError
@@ -275,10 +284,10 @@ class BlockingClient:
 
     # ------------------------------------------------------------ the hot path
     def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
-        """:meth:`Client.read`; a whole small file cached under a lease is answered
-        on this thread. Pass ``offset`` and ``length`` by keyword (see
-        :meth:`Client.read` for why they are not keyword-only). No closure here: its
-        cells would cost every hit."""
+        """:meth:`Client.read`; a small file cached whole under a lease is answered
+        on this thread, a range of it too (its arguments checked as on a miss). Pass
+        ``offset`` and ``length`` by keyword (see :meth:`Client.read` for why they
+        are not keyword-only). No closure here: its cells would cost every hit."""
         entry = self._cache.lookup(path, time.monotonic())
         if entry is None:
             normal = normalize(path)  # another spelling of a cached path hits here too
@@ -286,8 +295,8 @@ class BlockingClient:
             if entry is None:
                 return self._run(partial(self._client.read, normal, offset=offset, length=length))
         self._hits += 1
-        if offset or length is not None:
-            return self._run(partial(self._client.read, path, offset=offset, length=length))
+        if offset is not _WHOLE or length is not None:  # (why `is`: at _WHOLE)
+            return _cut(entry.data, offset, length)
         return entry.data
 
     # ------------------------------------------------------------ everything else

@@ -125,6 +125,12 @@ Source = IO[bytes] | bytes | bytearray | memoryview
 Received = bytes | bytearray | memoryview  # what a wire's read gives
 Fencing = locks.Fenced | p.Fence | None  # what fence= takes: a lock, or (name, token)
 
+# A read's default offset. A cache hit tests ``offset is not _WHOLE`` for "a ranged
+# read": as cheap as testing ``offset`` for truth, but every other offset (False,
+# 0.0, None among them) takes the ranged branch and its checks, as on a miss. (Any
+# int 0 is this one object in CPython; one that were not would only be sliced whole.)
+_WHOLE = 0
+
 
 def backoff_delay(failures: int) -> float:
     """The wait before a connection attempt after ``failures`` failed ones in a row
@@ -501,7 +507,9 @@ class Client:
         """The contents of ``path`` (bytes ``[offset, offset + length)`` of it; to the
         end when ``length`` is None): from the cache while a lease covers it, else from
         the server (which grants a new lease). A big file comes chunk by chunk, each
-        cached under the file's lease.
+        cached under the file's lease. A bad ``offset`` or ``length`` raises
+        ``TypeError`` or :class:`~fscache.settings.BadSetting` before anything is sent,
+        on a hit as on a miss.
 
         Pass ``offset`` and ``length`` by keyword. They are not keyword-only because
         CPython fills keyword-only defaults from a dict on every call, which costs
@@ -509,7 +517,7 @@ class Client:
         entry = self._cache.lookup(path, self._clock())
         if entry is not None:
             self._hits += 1
-            if offset or length is not None:
+            if offset is not _WHOLE or length is not None:
                 return _cut(entry.data, offset, length)
             return entry.data
         return await self._read_miss(path, offset, length)
@@ -1016,9 +1024,7 @@ class Client:
         """Bytes ``[offset, offset + length)`` of ``path`` (to the end when ``length`` is
         None), not from a trusted lease: a small range by itself, else by chunks, but
         for a file cached whole (its lease run out), which is revalidated whole."""
-        check_extent("offset", offset)
-        if length is not None:
-            check_extent("length", length)
+        _check_range(offset, length)
         if path not in self._cache.entries or path in self._cache.files:
             if length is not None and 0 < length < CHUNK_SIZE and path not in self._cache.entries:
                 return await self._read_range(path, offset, length)
@@ -1745,9 +1751,20 @@ def _ssl_reason(exc: BaseException) -> str:
     return str(getattr(seen, "verify_message", None) or seen.reason or seen)
 
 
+def _check_range(offset: int, length: int | None) -> None:
+    """The one check of a read's ``offset`` and ``length``, whether the read is then
+    answered from the cache or from the server: ``TypeError`` for a value that is not
+    an int (a bool, a float, a string), :class:`~fscache.settings.BadSetting` for one
+    out of 0..2**63-1, as the server would refuse it."""
+    check_extent("offset", offset)
+    if length is not None:
+        check_extent("length", length)
+
+
 def _cut(data: bytes, offset: int, length: int | None) -> bytes:
-    if offset < 0 or (length is not None and length < 0):
-        raise ValueError("offset and length must be >= 0")
+    """Bytes ``[offset, offset + length)`` of ``data`` (a ranged read of a file cached
+    whole), the arguments checked first (:func:`_check_range`)."""
+    _check_range(offset, length)
     return data[offset:] if length is None else data[offset : offset + length]
 
 

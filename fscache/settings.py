@@ -70,7 +70,11 @@ MAX_EXTENT = 2**63 - 1  # off_t: the kernel's file offsets and sizes are signed 
 
 
 def check_extent(name: str, value: int) -> int:
-    """``value`` if it is an offset, length or size a file can have: 0..2**63-1."""
+    """``value`` if it is an offset, length or size a file can have: an int (a bool, a
+    float or a numeric string is the caller's slip, refused with ``TypeError`` rather
+    than compared or sliced with), 0..2**63-1."""
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if not 0 <= value <= MAX_EXTENT:
         raise BadSetting(f"{name} must be 0..2**63-1, not {value}")
     return value

@@ -1,0 +1,112 @@
+"""A bad argument to a client call is the caller's error: a ``TypeError`` or a
+``BadSetting`` that names the argument, raised before anything is sent, and the same
+whether the call would have been answered from the cache or by the server.
+
+The async client runs against the real service over memory streams
+(:class:`tests.harness.Cluster`); "nothing sent" is the service's count of messages
+received. The blocking client runs against a real server on a worker thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+import fscache
+from fscache.server.service import ServerSettings, serve
+from fscache.settings import BadSetting
+
+from .harness import Cluster
+
+# (offset, length) a read refuses, each with the error it gets.
+BAD_RANGES: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"offset": -1}, BadSetting, r"offset must be 0\.\.2\*\*63-1, not -1"),
+    ({"offset": 2**64}, BadSetting, r"offset must be 0\.\.2\*\*63-1"),
+    ({"length": -1}, BadSetting, r"length must be 0\.\.2\*\*63-1, not -1"),
+    ({"length": 2**70}, BadSetting, r"length must be 0\.\.2\*\*63-1"),
+    ({"length": float("nan")}, TypeError, "length must be an int, not float"),
+    ({"offset": True}, TypeError, "offset must be an int, not bool"),
+    ({"offset": False}, TypeError, "offset must be an int, not bool"),
+    ({"offset": 0.0}, TypeError, "offset must be an int, not float"),
+    ({"offset": None}, TypeError, "offset must be an int, not NoneType"),
+    ({"offset": "1"}, TypeError, "offset must be an int, not str"),
+    ({"offset": 1, "length": "2"}, TypeError, "length must be an int, not str"),
+]
+
+
+@pytest.fixture
+async def cluster(nursery, root):
+    cluster = Cluster(nursery, root)
+    await cluster.start()
+    return cluster
+
+
+def received(cluster: Cluster) -> int:
+    assert cluster.service is not None
+    return cluster.service.counters.messages_in
+
+
+async def test_a_ranged_read_is_checked_alike_on_a_hit_and_on_a_miss(cluster):
+    async with cluster.client("c") as c:
+        await c.write("a.txt", b"0123456789")
+        for kwargs, kind, message in BAD_RANGES:
+            assert await c.read("a.txt") == b"0123456789"  # cached whole: a hit from now on
+            hits, before = c.stats["hits"], received(cluster)
+            with pytest.raises(kind, match=message):
+                await c.read("a.txt", **kwargs)
+            assert c.stats["hits"] == hits + 1 and received(cluster) == before
+            await c.relinquish("a.txt")  # cold: the same check, before any request
+            before = received(cluster)
+            with pytest.raises(kind, match=message):
+                await c.read("a.txt", **kwargs)
+            assert received(cluster) == before
+        assert await c.read("a.txt") == b"0123456789"
+        assert await c.read("a.txt", offset=2, length=3) == b"234"  # good ones still work
+        assert await c.read("a.txt", offset=0) == b"0123456789"
+
+
+async def test_writes_and_truncates_refuse_mistyped_extents_before_sending(cluster):
+    async with cluster.client("c") as c:
+        await c.write("f", b"data")
+        before = received(cluster)
+        for call, message in [
+            (lambda: c.truncate("f", "3"), "size must be an int, not str"),
+            (lambda: c.truncate("f", 3.0), "size must be an int, not float"),
+            (lambda: c.write("f", b"x", offset="1"), "offset must be an int, not str"),
+            (lambda: c.write("f", b"x", offset=True), "offset must be an int, not bool"),
+        ]:
+            with pytest.raises(TypeError, match=message):
+                await call()
+        assert received(cluster) == before
+        assert await c.read("f") == b"data"
+
+
+# ---------------------------------------------------------------- the blocking client
+@pytest.fixture
+async def address(nursery, root):
+    server = await nursery.start(serve, ServerSettings(root=str(root), port=0))
+    return f"{server.host}:{server.port}"
+
+
+async def test_the_blocking_client_checks_alike_and_answers_a_ranged_hit_itself(address):
+    def use() -> None:
+        with fscache.connect(address) as c:
+            c.write("a.txt", b"0123456789")
+            for kwargs, kind, message in BAD_RANGES:
+                assert c.read("a.txt") == b"0123456789"
+                with pytest.raises(kind, match=message):
+                    c.read("a.txt", **kwargs)
+                c.relinquish("a.txt")
+                with pytest.raises(kind, match=message):
+                    c.read("a.txt", **kwargs)
+            assert c.read("a.txt") == b"0123456789"
+            hits = c.stats["hits"]
+            assert c.read("a.txt", offset=2, length=3) == b"234"
+            assert c.read("./a.txt", offset=8) == b"89"  # another spelling hits too
+            assert c.stats["hits"] == hits + 2  # each counted once
+            with pytest.raises(TypeError, match="size must be an int, not str"):
+                c.truncate("a.txt", "3")
+
+    await trio.to_thread.run_sync(use)
