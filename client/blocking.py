@@ -561,6 +561,8 @@ class BlockingClient:
         self._finalizer()
 
     def __enter__(self) -> BlockingClient:
+        if self._closed:  # as every other call on a closed client
+            raise FscacheError(self._closed_reason)
         return self
 
     def __exit__(self, *exc_info: object) -> None:

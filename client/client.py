@@ -55,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import io
 import ipaddress
 import logging
 import random
@@ -470,6 +471,7 @@ class Client:
         self.client_id = client_id or uuid.uuid4().hex
         self._clock = clock
         self._skew_override = None if skew is None else check_duration("skew", skew)
+        check_extent("cache_bytes", cache_bytes)  # (the cache's own error names max_bytes)
         self._cache = LeaseCache(
             skew=DEFAULT_SKEW if self._skew_override is None else self._skew_override,
             max_bytes=cache_bytes,
@@ -530,7 +532,13 @@ class Client:
         starts over (a seekable ``file`` is rewound and cut; any other raises
         :class:`Conflict`)."""
         path = normalize(path)
-        start = file.tell() if file.seekable() else None
+        if isinstance(file, io.TextIOBase) or not callable(getattr(file, "write", None)):
+            raise TypeError(
+                "file must be a binary file object open for writing (open(name, 'wb')),"
+                f" not {type(file).__name__}"
+            )
+        seekable = getattr(file, "seekable", None)  # (a bare writer has only write)
+        start = file.tell() if seekable is not None and seekable() else None
 
         async def sink(data: bytes) -> None:
             await trio.to_thread.run_sync(file.write, data)
@@ -581,6 +589,10 @@ class Client:
         fenced = locks.fence_of(fence)
         if not isinstance(data, bytes | bytearray | memoryview) and not hasattr(data, "read"):
             raise TypeError(f"data must be bytes or a binary file, not {type(data).__name__}")
+        # The field checks of the options, before anything is sent: an upload's commit,
+        # which carries them, goes after its parts.
+        p.check_fields(p.Write(0, path, b"", if_version, fenced, ephemeral))
+        _check_if_version(if_version)
         if ephemeral and (
             offset is not None or not isinstance(data, bytes | bytearray | memoryview)
         ):
@@ -710,6 +722,7 @@ class Client:
         """Cut or extend ``path`` to ``size`` bytes; returns the new version."""
         path = normalize(path)
         check_extent("size", size)
+        _check_if_version(if_version)
         self._counters.writes += 1
         link = await self._current_link()
         truncate = partial(
@@ -801,6 +814,7 @@ class Client:
         self, path: str, *, if_version: int | None = None, fence: Fencing = None
     ) -> None:
         path = normalize(path)
+        _check_if_version(if_version)
         self._counters.deletes += 1
         link = await self._current_link()
         delete = partial(p.Delete, path=path, if_version=if_version, fence=locks.fence_of(fence))
@@ -1749,6 +1763,17 @@ def _ssl_reason(exc: BaseException) -> str:
     if seen is None:
         return str(exc)
     return str(getattr(seen, "verify_message", None) or seen.reason or seen)
+
+
+def _check_if_version(if_version: int | None) -> None:
+    """Refuse a negative ``if_version`` before anything is sent: a version is >= 0 (0:
+    no file there), and the server would answer a negative one with :class:`Conflict`,
+    the caller's slip made to look like a lost race. (Its type and its upper bound are
+    the field checks'.)"""
+    if type(if_version) is int and if_version < 0:
+        raise BadSetting(
+            f"if_version must be >= 0 (a version; 0: only if there is no file), not {if_version}"
+        )
 
 
 def _check_range(offset: int, length: int | None) -> None:

@@ -9,6 +9,8 @@ received. The blocking client runs against a real server on a worker thread.
 
 from __future__ import annotations
 
+import io
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ import trio
 
 import fscache
 from fscache.server.service import ServerSettings, serve
-from fscache.settings import BadSetting
+from fscache.settings import CHUNK_SIZE, BadSetting
 
 from .harness import Cluster
 
@@ -83,6 +85,65 @@ async def test_writes_and_truncates_refuse_mistyped_extents_before_sending(clust
         assert await c.read("f") == b"data"
 
 
+async def test_a_negative_if_version_is_refused_before_sending(cluster, tmp_path):
+    """Not a Conflict (which says another writer won): versions are >= 0."""
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"x" * (2 * CHUNK_SIZE + 1))
+    async with cluster.client("c") as c:
+        await c.write("f", b"data")
+        before = received(cluster)
+        with open(big, "rb") as source:
+            calls: list[Callable[[], Any]] = [
+                lambda: c.write("f", b"x", if_version=-1),
+                lambda: c.write("f", source, if_version=-1),  # an upload
+                lambda: c.write("f", b"x", offset=0, if_version=-1),
+                lambda: c.truncate("f", 0, if_version=-1),
+                lambda: c.delete("f", if_version=-1),
+            ]
+            for call in calls:
+                with pytest.raises(BadSetting, match=r"if_version must be >= 0.*not -1"):
+                    await call()
+            # An upload's commit carries if_version after the parts: it is checked first.
+            for bad, kind in (("1", TypeError), (2**70, BadSetting)):
+                with pytest.raises(kind, match=r"write\.if_version"):
+                    await c.write("f", source, if_version=bad)
+        assert received(cluster) == before
+        assert await c.read("f") == b"data"
+        await c.write("new", b"x", if_version=0)  # 0: only if there is no file, as before
+
+
+async def test_read_into_refuses_what_cannot_take_bytes_before_sending(cluster):
+    async with cluster.client("c") as c:
+        await c.write("f", b"data")
+        before = received(cluster)
+        for file in (None, io.StringIO(), "out.bin"):
+            with pytest.raises(TypeError, match=r"file must be a binary file object.*not"):
+                await c.read_into("f", file)  # type: ignore[arg-type]
+        assert received(cluster) == before
+
+        class Writer:  # only write(): not seekable, so a change mid-copy is a Conflict
+            def __init__(self) -> None:
+                self.got = b""
+
+            def write(self, data: bytes) -> int:
+                self.got += data
+                return len(data)
+
+        writer = Writer()
+        assert await c.read_into("f", writer) == 4  # type: ignore[arg-type]
+        assert writer.got == b"data"
+
+
+async def test_a_negative_cache_bound_is_named_as_the_caller_gave_it(cluster):
+    with pytest.raises(BadSetting, match=r"cache_bytes must be 0\.\.2\*\*63-1, not -1"):
+        async with cluster.client("c", cache_bytes=-1):
+            pass
+    with pytest.raises(TypeError, match="cache_bytes must be an int, not str"):
+        async with cluster.client("c", cache_bytes="64M"):
+            pass
+    assert received(cluster) == 0  # not even a hello
+
+
 # ---------------------------------------------------------------- the blocking client
 @pytest.fixture
 async def address(nursery, root):
@@ -106,7 +167,28 @@ async def test_the_blocking_client_checks_alike_and_answers_a_ranged_hit_itself(
             assert c.read("a.txt", offset=2, length=3) == b"234"
             assert c.read("./a.txt", offset=8) == b"89"  # another spelling hits too
             assert c.stats["hits"] == hits + 2  # each counted once
+
             with pytest.raises(TypeError, match="size must be an int, not str"):
                 c.truncate("a.txt", "3")
+            with pytest.raises(TypeError, match="file must be a binary file object"):
+                c.read_into("a.txt", None)  # type: ignore[arg-type]
+            with pytest.raises(BadSetting, match="if_version must be >= 0"):
+                c.write("a.txt", b"x", if_version=-1)
+            assert c.read("a.txt") == b"0123456789"
+
+        with pytest.raises(BadSetting, match="cache_bytes must be 0"):
+            fscache.connect(address, cache_bytes=-1)
+
+    await trio.to_thread.run_sync(use)
+
+
+async def test_a_closed_blocking_client_refuses_with_as_every_call(address):
+    def use() -> None:
+        c = fscache.connect(address)
+        c.close()
+        with pytest.raises(fscache.FscacheError, match="client is closed"):
+            c.read("a.txt")
+        with pytest.raises(fscache.FscacheError, match="client is closed"), c:
+            pass
 
     await trio.to_thread.run_sync(use)
