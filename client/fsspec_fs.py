@@ -13,7 +13,9 @@ leading or trailing ``/`` (``"docs/a.txt"``; the root is ``""``), and every
 listing entry is a dict with ``name``, ``size``, ``type`` (``"file"`` or
 ``"directory"``), the entry's fscache ``version`` and ``mtime`` (the version, the
 later of the file's mtime and ctime on the server, in seconds: close to what
-LocalFileSystem gives).
+LocalFileSystem gives). A path is a ``str`` or an ``os.PathLike`` (a list of them
+where fsspec takes several); anything else (``None``, a number, ``bytes``) is a
+``TypeError``, never a file named after it.
 A URL names its server (``fscache://host:port/path``); an instance refuses
 (``ValueError``) a URL that names another server than its own, as written (so
 ``localhost`` is not ``127.0.0.1``), and :meth:`FscacheFileSystem.unstrip_protocol`
@@ -117,7 +119,7 @@ import os
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 import trio
@@ -205,7 +207,7 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def _strip_protocol(cls, path: Any) -> Any:
         if isinstance(path, list):
             return [cls._strip_protocol(p) for p in path]
-        text = str(path)
+        text = _path_text(path)
         if text.startswith(PROTOCOL + "://"):
             text = text[len(PROTOCOL) + 3 :]
             text = text.partition("/")[2]  # drop host:port
@@ -216,13 +218,27 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         names another server than this instance's."""
         if isinstance(path, list):
             return [self._strip_own_url(p) for p in path]
-        server = _server_of(str(path))
+        text = _path_text(path)
+        server = _server_of(text)
         if server is not None and server != (self.host, self.port):
             raise ValueError(
-                f"{str(path)!r} names the server {server[0]}:{server[1]}, but this file"
+                f"{text!r} names the server {server[0]}:{server[1]}, but this file"
                 f" system is on {self.netloc}"
             )
-        return type(self)._strip_protocol(path)
+        return type(self)._strip_protocol(text)
+
+    def expand_path(self, path: Any, *args: Any, **kwargs: Any) -> list[str]:
+        """fsspec's, but a ``path`` that is neither a path nor a collection of paths
+        is a ``TypeError`` here: fsspec would iterate over it (``None`` is "not
+        iterable", the bytes of ``b"a/b"`` become numbers)."""
+        if not isinstance(path, str | os.PathLike) and (
+            isinstance(path, bytes | bytearray) or not isinstance(path, Iterable)
+        ):
+            raise TypeError(
+                "path must be a string, an os.PathLike or a list of them,"
+                f" not {type(path).__name__}"
+            )
+        return super().expand_path(path, *args, **kwargs)  # type: ignore[no-any-return]
 
     def unstrip_protocol(self, name: str) -> str:
         """``name`` as a URL naming this instance's server, so that it opens the
@@ -621,6 +637,23 @@ def _temp_name(path: str) -> str:
     head = f"{TEMP_PREFIX}{uuid.uuid4().hex}."
     tail = name.encode()[: MAX_SEGMENT_BYTES - len(head)].decode(errors="ignore")
     return _join(parent, head + tail)
+
+
+def _path_text(path: object) -> str:
+    """``path`` as text: a str, or what an ``os.PathLike`` stands for if that is a
+    str. Anything else is a ``TypeError``, as fscache's clients refuse a path that is
+    not a string: ``str()`` of ``None``, ``3.5`` or ``b"x"`` would name a file
+    ``None``, ``3.5`` or ``b'x'``."""
+    if isinstance(path, str):
+        return path
+    if isinstance(path, os.PathLike):
+        text = os.fspath(path)
+        if isinstance(text, str):
+            return text
+        raise TypeError(
+            f"path must be a string, not {type(path).__name__} of {type(text).__name__}"
+        )
+    raise TypeError(f"path must be a string or an os.PathLike, not {type(path).__name__}")
 
 
 def _server_of(url: str) -> tuple[str, int] | None:

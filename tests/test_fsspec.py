@@ -16,6 +16,7 @@ import datetime
 import errno
 import multiprocessing
 import os
+import pathlib
 from collections.abc import Callable
 from functools import partial
 from multiprocessing.connection import Connection
@@ -207,6 +208,43 @@ async def test_errors_are_the_oserrors_fsspec_expects(address):
         with pytest.raises(ValueError, match="not supported"):
             fs.open("dir/file", "ab")
         assert fs.cat_file("dir/file") == b"data"
+
+    await with_fs(address, use_it)
+
+
+async def test_a_path_that_is_no_string_is_a_type_error_not_a_file_name(address, root):
+    """``str()`` of None, 3.5 or b"x" would name a file "None", "3.5" or "b'x'"."""
+
+    class BytesPath:
+        def __fspath__(self) -> bytes:
+            return b"x"
+
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe_file("a", b"a")
+        calls: list[Callable[[Any], object]] = [
+            lambda bad: fs.pipe_file(bad, b"d"),
+            lambda bad: fs.pipe({bad: b"d"}),
+            lambda bad: fs.open(bad, "wb"),
+            lambda bad: fs.cat_file(bad),
+            lambda bad: fs.cat(["a", bad]),
+            lambda bad: fs.exists(bad),
+            lambda bad: fs.info(bad),
+            lambda bad: fs.makedirs(bad),
+            lambda bad: fs.rm(bad),
+            lambda bad: fs.rm(["a", bad]),
+            lambda bad: fs.mv(bad, "x"),
+            lambda bad: fs.mv("a", bad),
+            lambda bad: fs.mv(["a"], [bad]),
+            lambda bad: fs.cp_file("a", bad),
+        ]
+        for bad in (None, b"bp/x.txt", 3.5, BytesPath()):
+            for call in calls:
+                with pytest.raises(TypeError, match="path must be a string"):
+                    call(bad)
+        assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["a"]
+        fs.pipe_file(pathlib.PurePosixPath("p/x.txt"), b"x")  # an os.PathLike is a path
+        assert fs.cat_file(pathlib.Path("p/x.txt")) == b"x"
+        assert fs.cat([pathlib.Path("a"), "p/x.txt"]) == {"a": b"a", "p/x.txt": b"x"}
 
     await with_fs(address, use_it)
 
