@@ -64,7 +64,8 @@ are times in ns from the files' inodes and only increase, so a version seen afte
 that matches the one at open means the fetch read that version.  (A file set back
 in time behind the server's back, by ``touch -d`` say, could defeat that.)
 ``cat_file(path, start, end)`` is one ranged read, of one version, and needs no
-pin.
+pin.  ``readline`` (and so ``for line in f``) finds lines in a piece of 64 KiB it
+reads ahead, not in a block read for every line as fsspec's own does.
 ``"wb"`` keeps up to a block in memory and spools the rest to an anonymous
 temporary file; on close the whole is uploaded in parts and replaces the file
 atomically (readers see the old or the new contents, never a mix).  ``"xb"`` does
@@ -115,6 +116,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
+import operator
 import os
 import tempfile
 import threading
@@ -139,6 +141,7 @@ from fscache.settings import CHUNK_SIZE
 
 PROTOCOL = "fscache"
 TEMP_PREFIX = ".fsspec-tmp-"  # a deferred write's name: this, a uuid, ".", the target's name
+LINE_PIECE = 64 * 1024  # bytes an open file's readline reads at a time (see _File.readline)
 
 Info = dict[str, Any]
 
@@ -542,8 +545,56 @@ class _File(AbstractBufferedFile):  # type: ignore[misc]
 
     fs: FscacheFileSystem
     closed: bool
+    loc: int
     _spool: IO[bytes] | None = None
     _deferred: _Deferred | None = None
+    _piece = b""  # what readline read ahead: bytes of the file from _piece_at on
+    _piece_at = 0
+
+    def readline(self, size: int | None = -1) -> bytes:
+        """The bytes from here through the next ``\\n`` (or to the end of the file, or
+        ``size`` bytes at most). fsspec's own reads a whole block (5 MiB by default)
+        for every line and seeks back to the line's end, copying the block each time:
+        a loop over the lines of a 7 MB file took 37 s. This one reads
+        :data:`LINE_PIECE` bytes at a time through :meth:`read` (of the version the
+        file was opened at, as every read) and finds the lines in that piece, which
+        stays good for the file's life (its bytes never change): each line is copied
+        once, and each piece read once."""
+        at = self.loc - self._piece_at
+        if size == -1 and at >= 0:  # the common case: a whole line in the piece
+            newline = self._piece.find(b"\n", at)  # (the piece is empty once closed)
+            if newline >= 0:
+                self.loc += newline + 1 - at
+                return self._piece[at : newline + 1]
+        if self.mode != "rb":
+            raise ValueError("File not in read mode")
+        if self.closed:
+            raise ValueError("I/O operation on closed file.")
+        size = -1 if size is None else operator.index(size)
+        left = self.size - self.loc if size < 0 else size
+        parts = []
+        while left > 0:
+            at = self.loc - self._piece_at
+            if not 0 <= at < len(self._piece):
+                start = self.loc
+                self._piece = self.read(LINE_PIECE)
+                self._piece_at, self.loc, at = start, start, 0
+                if not self._piece:
+                    break
+            stop = min(len(self._piece), at + left)
+            newline = self._piece.find(b"\n", at, stop)
+            if newline >= 0:
+                stop = newline + 1
+            parts.append(self._piece[at:stop])
+            self.loc += stop - at
+            left -= stop - at
+            if newline >= 0:
+                break
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        self._piece = b""
+        super().close()
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end``, of the version this file was opened at: the

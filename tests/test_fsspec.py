@@ -546,6 +546,67 @@ async def test_an_open_file_reads_the_version_it_opened_or_raises_file_expired(a
     await with_fs(address, use_it)
 
 
+async def test_the_lines_of_a_binary_file_are_each_copied_once(address):
+    """fsspec's readline read a whole block (5 MiB) for every line and sought back,
+    so iterating lines copied a block per line. Counted, not timed: the bytes that
+    ``read`` hands to the line reader come to the file's size and one piece more."""
+    lines = [b"line %d of the file\n" % i for i in range(20_000)]
+    lines += [b"x" * (3 * fsspec_fs.LINE_PIECE) + b"\n", b"\n", b"no newline at the end"]
+    data = b"".join(lines)
+
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe_file("lines.txt", data)
+        with fs.open("lines.txt", "rb") as f:
+            handed: list[int] = []
+            read = f.read
+
+            def counted(length: int = -1) -> bytes:
+                out = read(length)
+                handed.append(len(out))
+                return out
+
+            f.read = counted
+            assert list(f) == lines
+            assert sum(handed) <= len(data) + fsspec_fs.LINE_PIECE, sum(handed)
+            assert f.readline() == b"" and f.tell() == len(data)
+        with pytest.raises(ValueError, match="closed"):
+            f.readline()
+
+        with fs.open("lines.txt", "rb") as f:  # as io's readline: size, seek, read between
+            assert f.readline(4) == b"line" and f.readline() == b" 0 of the file\n"
+            assert f.readline(0) == b"" and f.tell() == len(lines[0])
+            assert f.read(5) == b"line " and f.readline() == b"1 of the file\n"
+            f.seek(len(lines[0]) + 2)
+            assert f.readline() == lines[1][2:] and f.readline() == lines[2]
+            f.seek(len(data) - 4)
+            assert f.readline() == b" end" and f.readline() == b""
+        fs.pipe_file("empty", b"")
+        with fs.open("empty", "rb") as f:
+            assert list(f) == [] and f.readline() == b""
+        with fs.open("new", "wb") as f, pytest.raises(ValueError, match="not in read mode"):
+            f.readline()
+
+    await with_fs(address, use_it)
+
+
+async def test_lines_read_after_the_file_changed_raise_file_expired(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        other = new_fs(address)
+        try:
+            data = b"".join(b"%09d\n" % i for i in range(100_000))  # 1 MB
+            fs.pipe_file("f", data)
+            with fs.open("f", "rb", block_size=fsspec_fs.LINE_PIECE) as f:
+                assert f.readline() == b"000000000\n"
+                other.pipe_file("f", data.upper())
+                with pytest.raises(fsspec_fs.FileExpired):
+                    for _ in f:  # the lines fetched before the change, then the error
+                        pass
+        finally:
+            other.client.close()
+
+    await with_fs(address, use_it)
+
+
 # ---------------------------------------------------------------- transactions
 async def test_a_transaction_publishes_its_files_only_when_it_ends_well(address):
     def use_it(fs: FscacheFileSystem) -> None:
