@@ -48,10 +48,11 @@ deepest first.
 Moves.  ``mv`` is the server's atomic rename, one per source: a file or a whole
 tree changes its name at once, in every cache.  Like the shell's ``mv``, a source
 moved onto an existing directory goes inside it under its own name; several
-sources (a list or a glob) go inside ``path2``.  A directory moves whole, so
-``recursive`` and ``maxdepth`` change nothing.  The destination's parent must
-exist.  ``cp_file`` streams the file through a temporary file (the server has no
-copy).
+sources (a list or a glob) go inside ``path2``, and so does one source whose
+``path2`` ends in ``/`` (fsspec's convention, as for ``cp``): that directory is made
+if it is missing.  A directory moves whole, so ``recursive`` and ``maxdepth``
+change nothing.  The destination's parent must exist.  ``cp_file`` streams the
+file through a temporary file (the server has no copy).
 
 Files.  ``open(path, "rb")`` is an fsspec buffered file whose ranges are ranged
 reads (:meth:`FscacheFileSystem._read_range`, the one place that reads part of
@@ -383,16 +384,20 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         else:
             target = self._strip_protocol(path2)
             sources = self.expand_path(path1)
-            if (
+            one = (
                 isinstance(path1, str)
                 and len(sources) == 1
                 and sources[0] == self._strip_protocol(path1)
-            ):
-                if not (str(path2).endswith("/") or self.isdir(target)):
-                    self._mv_file(sources[0], target)
-                    return
-            else:
-                self.makedirs(target, exist_ok=True)
+            )
+            into_new = isinstance(path2, str) and path2.endswith("/")  # a directory, as for cp
+            if one and not into_new and not self.isdir(target):
+                self._mv_file(sources[0], target)
+                return
+            if not one or into_new:
+                try:
+                    self.makedirs(target, exist_ok=True)
+                except FileExistsError:  # a file
+                    raise NotADirectoryError(errno.ENOTDIR, "it is a file", target) from None
             pairs = [(source, _join(target, source.rpartition("/")[2])) for source in sources]
         for source, destination in pairs:
             self._mv_file(source, destination)

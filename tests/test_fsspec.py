@@ -17,6 +17,7 @@ import errno
 import multiprocessing
 import os
 import pathlib
+import uuid
 from collections.abc import Callable
 from functools import partial
 from multiprocessing.connection import Connection
@@ -379,6 +380,36 @@ async def test_copy_and_move_files_and_trees(address):
         )
         with pytest.raises(FileNotFoundError):
             fs.mv("absent", "elsewhere")
+
+    await with_fs(address, use_it)
+
+
+async def test_a_move_to_a_path_ending_in_a_slash_goes_inside_that_directory(address):
+    """fsspec's convention (its cp, and MemoryFileSystem's mv): a destination that
+    ends in "/" is a directory, made if it is missing."""
+    memory = fsspec.filesystem("memory", skip_instance_cache=True)
+    base = f"/{uuid.uuid4().hex}"  # (MemoryFileSystem's store is one for the process)
+
+    def both(fs: FscacheFileSystem, do: Callable[[Any, str], object]) -> list[str]:
+        do(fs, "")
+        do(memory, base + "/")
+        ours = fs.find("mvt")  # files: an emptied directory stays here, not in memory
+        assert [base + "/" + name for name in ours] == memory.find(base + "/mvt")
+        return ours  # type: ignore[no-any-return]
+
+    def use_it(fs: FscacheFileSystem) -> None:
+        both(fs, lambda f, at: f.pipe({at + "mvt/f1": b"1", at + "mvt/d/a": b"a"}))
+        assert both(fs, lambda f, at: f.mv(at + "mvt/f1", at + "mvt/nd1/")) == [
+            "mvt/d/a", "mvt/nd1/f1",
+        ]  # fmt: skip
+        both(fs, lambda f, at: f.mv(at + "mvt/d", at + "mvt/nd2/", recursive=True))
+        assert fs.find("mvt/nd2") == ["mvt/nd2/d/a"]  # a directory too, inside
+        both(fs, lambda f, at: f.mv(at + "mvt/nd1/f1", at + "mvt/nd2/"))  # one that exists
+        assert fs.ls("mvt/nd2", detail=False) == ["mvt/nd2/d", "mvt/nd2/f1"]
+        with pytest.raises(NotADirectoryError):
+            fs.mv("mvt/nd2/f1", "mvt/nd2/d/a/")  # a file is no directory to go inside
+        assert fs.exists("mvt/nd2/f1")
+        memory.rm(base, recursive=True)
 
     await with_fs(address, use_it)
 
