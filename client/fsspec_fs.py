@@ -482,6 +482,20 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
             self._write(rpath, f, exclusive=mode == "create")
         callback.relative_update(size)
 
+    def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
+        """Make ``path`` an empty file: with ``truncate`` (the default) whatever is
+        there, and without it only if nothing is (an exclusive create, so a file
+        made meanwhile by another client is not emptied); an existing file or
+        directory is then left as it is. fscache cannot set a file's times (the
+        server has no such request, and a file's version changes only with its
+        contents), so that touch does not change its ``modified``."""
+        path = self._strip_protocol(path)
+        if truncate:
+            self._write(path, b"", exclusive=False)
+            return
+        with contextlib.suppress(FileExistsError, IsADirectoryError):  # (a directory)
+            self._write(path, b"", exclusive=True)
+
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         self._write(self._strip_protocol(path), bytes(value), exclusive=mode == "create")
 

@@ -547,6 +547,35 @@ async def test_modified_is_the_version_in_utc_and_info_has_mtime(address, root):
     await with_fs(address, use_it)
 
 
+async def test_touch_empties_or_creates_and_otherwise_leaves_a_file_as_it_is(address):
+    """As LocalFileSystem's touch, but for the times, which fscache cannot set."""
+
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe_file("t/f", b"data")
+        version = fs.info("t/f")["version"]
+        fs.touch("t/f", truncate=False)
+        assert fs.cat_file("t/f") == b"data" and fs.info("t/f")["version"] == version
+        fs.touch("t/new", truncate=False)
+        fs.touch("t/deeper/new")  # its parent made, as by every write
+        assert fs.cat(["t/new", "t/deeper/new"]) == {"t/new": b"", "t/deeper/new": b""}
+        fs.touch("t/f")  # truncate=True, the default
+        assert fs.cat_file("t/f") == b""
+        fs.mkdir("t/d")
+        fs.touch("t/d", truncate=False)  # there: left as it is
+        assert fs.isdir("t/d")
+        with pytest.raises(IsADirectoryError):
+            fs.touch("t/d")
+        with pytest.raises(NotADirectoryError):
+            fs.touch("t/f/below", truncate=False)
+        with fs.transaction:
+            fs.touch("t/later", truncate=False)
+            fs.touch("t/new", truncate=False)
+            assert not fs.exists("t/later")
+        assert fs.cat(["t/later", "t/new"]) == {"t/later": b"", "t/new": b""}
+
+    await with_fs(address, use_it)
+
+
 # ---------------------------------------------------------------- an open file is one version
 async def test_an_open_file_reads_the_version_it_opened_or_raises_file_expired(address):
     def use_it(fs: FscacheFileSystem) -> None:
