@@ -101,7 +101,15 @@ file, ``PermissionError`` for refused credentials, ``ConnectionError`` (or
 one with a NUL).  The server says ``IsADirectory`` for a write whose path is a
 directory and for one below a file; :meth:`FscacheFileSystem._write_now` tells
 the two apart.  ``exists`` is False only for a path that is missing (or below a
-file); any other error is raised.
+file); any other error is raised.  Where fsspec's own file systems differ:
+``rm`` of a directory without ``recursive`` raises ``IsADirectoryError``, as
+``rm_file`` and ``os.remove`` do (LocalFileSystem's ``rm`` raises ``ValueError``,
+MemoryFileSystem's removes an empty one); ``info`` of a path below a file raises
+``FileNotFoundError``, as MemoryFileSystem's does (LocalFileSystem's
+``NotADirectoryError`` is no ``FileNotFoundError``, which callers catch, fsspec's
+own among them, and telling the two apart would cost a request per missing path);
+and ``cat_file`` with ``start`` past ``end`` gives ``b""``, as the slice that
+fsspec says its limits are (LocalFileSystem's raises ``ValueError``).
 
 The client.  fsspec keeps its instances (one per set of arguments, per process,
 per thread) and hands the same one back for as long as the process lives, so an
@@ -362,8 +370,9 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         for name in reversed(self.expand_path(path, recursive=recursive, maxdepth=maxdepth)):
             try:
                 self.rm_file(name)
-            except IsADirectoryError:
+            except IsADirectoryError as exc:
                 if not recursive:
+                    exc.strerror = f"{exc.strerror} (rm(path, recursive=True) deletes one)"
                     raise
                 self.rmdir(name)  # emptied already: its entries sort after it
 

@@ -166,8 +166,10 @@ async def test_directories_are_the_servers_own(address, root):
 
         fs.pipe({"tree/a": b"", "tree/s/b": b"", "tree/s/t/c": b""})
         fs.mkdir("tree/empty")
-        with pytest.raises(IsADirectoryError):
+        with pytest.raises(IsADirectoryError, match=r"recursive=True"):
             fs.rm("tree")
+        with pytest.raises(IsADirectoryError, match=r"recursive=True"):
+            fs.rm(["tree/a", "tree/empty"])
         fs.rm("tree", recursive=True)
         assert not fs.exists("tree") and not (root / "tree").exists()
 
@@ -208,6 +210,10 @@ async def test_errors_are_the_oserrors_fsspec_expects(address):
             fs.open("dir/file", "xb")
         with pytest.raises(ValueError, match="not supported"):
             fs.open("dir/file", "ab")
+        with pytest.raises(FileNotFoundError):  # below a file: as MemoryFileSystem says
+            fs.info("dir/file/below")
+        assert not fs.exists("dir/file/below")
+        assert fs.cat_file("dir/file", start=3, end=1) == b""  # a slice's limits
         assert fs.cat_file("dir/file") == b"data"
 
     await with_fs(address, use_it)
