@@ -133,6 +133,9 @@ Fencing = locks.Fenced | p.Fence | None  # what fence= takes: a lock, or (name, 
 _WHOLE = 0
 
 
+_SHOWN_BYTES = 24  # of a peer that is no fscache server, in the error that says so
+
+
 def backoff_delay(failures: int) -> float:
     """The wait before a connection attempt after ``failures`` failed ones in a row
     since the connection was lost (the first attempt too: ``failures`` is 0): full
@@ -1531,6 +1534,7 @@ class Client:
             starting=True,
             plain_hint=None if tls else "the server may expect TLS (--tls)",
         )
+        began = b""  # the peer's first bytes: what it is, if it is no fscache server
         try:
             with trio.fail_after(welcome_timeout), handshake:
                 await stream.send_all(p.encode(self._hello()))
@@ -1538,11 +1542,16 @@ class Client:
                     data = await stream.receive_some(256 * 1024)
                     if not data:
                         raise trio.BrokenResourceError("the server closed the connection")
+                    began = (began + data)[:_SHOWN_BYTES]
                     decoder.feed(data)
         except BaseException as exc:
             await trio.aclose_forcefully(stream)
             if isinstance(exc, trio.TooSlowError):
                 raise self._unavailable("no answer to the handshake") from None
+            if isinstance(exc, ProtocolError | TooLarge):  # an SSH or HTTP banner, say
+                raise self._unavailable(
+                    f"not an fscache server: its first bytes were {began!r} ({exc})"
+                ) from None
             raise
         if not isinstance(message, p.Welcome):
             await trio.aclose_forcefully(stream)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+from functools import partial
 
 import pytest
 import trio
@@ -182,6 +183,26 @@ async def test_a_tls_client_of_a_plain_server_is_told_it_may_not_speak_tls(serve
     with pytest.raises(fscache.Unavailable, match="the server may not speak TLS"):
         async with fscache.open_client("127.0.0.1", server.port, ssl_context=ctx):
             pass
+
+
+@pytest.mark.parametrize(
+    "banner", [b"SSH-2.0-OpenSSH_9.2p1\r\n", b"HTTP/1.1 400 Bad Request\r\n\r\n", b"\xff" * 8]
+)
+async def test_a_peer_that_is_no_fscache_server_is_named_so_with_its_first_bytes(nursery, banner):
+    """Another service on the port (an SSH banner, an HTTP reply, noise) is
+    Unavailable, saying what it sent: not a frame too large to take."""
+
+    async def impostor(stream: trio.SocketStream) -> None:
+        async with stream:
+            await stream.send_all(banner)
+            await trio.sleep(5)
+
+    listeners = await nursery.start(partial(trio.serve_tcp, impostor, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    with pytest.raises(fscache.Unavailable, match="not an fscache server") as refused:
+        async with fscache.open_client("127.0.0.1", port):
+            pass
+    assert repr(banner[:24]) in str(refused.value)
 
 
 async def test_a_failed_start_leaves_a_crashed_incarnations_record_as_it_was(root, tmp_path):
