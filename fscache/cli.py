@@ -138,12 +138,24 @@ def _version() -> str:
     return __version__
 
 
+_EXIT_STATUS = """exit status:
+  0    done
+  1    the request failed (the message says why)
+  2    bad usage
+  3    the server cannot be reached (unavailable)
+  4    TLS credentials refused (unauthorized)
+  130  interrupted (Ctrl-C)"""
+_PATH_HELP = "a file's path under the served root, with / between names (no leading /)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fscache.bench import demo_options as d  # light: the demos' ranges and defaults
 
     parser = argparse.ArgumentParser(
         prog="fscache",
         description="A file service with lease-based cache consistency (Gray & Cheriton 1989).",
+        epilog=_EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -224,16 +236,29 @@ def build_parser() -> argparse.ArgumentParser:
         )  # fmt: skip
 
     def client_command(name: str, help_text: str) -> argparse.ArgumentParser:
-        command = sub.add_parser(name, help=help_text)
-        command.add_argument("address", metavar="HOST:PORT", type=_address)
-        command.add_argument("--tls", metavar="DIR", help="this client's bundle, DIR/clients/NAME")
+        command = sub.add_parser(
+            name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
+            epilog=_EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter,
+        )  # fmt: skip
+        command.add_argument(
+            "address", metavar="HOST:PORT", type=_address,
+            help=f"the server (a HOST alone: port {DEFAULT_PORT}; an IPv6 address in [ ])",
+        )  # fmt: skip
+        command.add_argument(
+            "--tls", metavar="DIR",
+            help="connect with TLS, as the client whose bundle is DIR (made by"
+            " `fscache certs CERTS --client NAME`: pass CERTS/clients/NAME)",
+        )  # fmt: skip
         return command
 
     read = client_command("read", "print a file's contents")
-    read.add_argument("path", metavar="PATH")
+    read.add_argument("path", metavar="PATH", help=_PATH_HELP)
     write = client_command("write", "write a file from FILE or stdin")
-    write.add_argument("path", metavar="PATH")
-    write.add_argument("source", metavar="FILE|-", nargs="?", default="-")
+    write.add_argument("path", metavar="PATH", help=_PATH_HELP)
+    write.add_argument(
+        "source", metavar="FILE|-", nargs="?", default="-",
+        help="a local file to send, streamed (default -: standard input)",
+    )  # fmt: skip
     write.add_argument(
         "--if-version", type=_file_version, metavar="VERSION",
         help="compare-and-set: only if at VERSION (0: only if it does not exist)",
@@ -241,13 +266,16 @@ def build_parser() -> argparse.ArgumentParser:
     fence_help = "only while TOKEN is the newest of the lock NAME (fencing)"
     write.add_argument("--fence", metavar="NAME:TOKEN", type=_fence, help=fence_help)
     ls = client_command("ls", "list a directory")
-    ls.add_argument("path", metavar="DIR", nargs="?", default="")
+    ls.add_argument(
+        "path", metavar="DIR", nargs="?", default="",
+        help="a directory under the root (default: the root); directories end in /",
+    )  # fmt: skip
     mv = client_command("mv", "rename SRC to DST atomically (prints DST's version)")
     mv.add_argument("src", metavar="SRC")
     mv.add_argument("dst", metavar="DST")
     mv.add_argument("--fence", metavar="NAME:TOKEN", type=_fence, help=fence_help)
     rm = client_command("rm", "delete a file (rmdir removes a directory)")
-    rm.add_argument("path", metavar="PATH")
+    rm.add_argument("path", metavar="PATH", help=_PATH_HELP)
     rm.add_argument(
         "--if-version", type=_file_version, metavar="VERSION",
         help="compare-and-set: only if at VERSION",
