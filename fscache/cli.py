@@ -664,10 +664,30 @@ def _with_client(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]]) 
     try:
         return trio.run(run)
     except BadPath as exc:  # "path is empty" for '.': say which path, as typed
-        path = getattr(args, "path", None)
-        if path is None or repr(path) in str(exc):
+        paths = [getattr(args, name, None) for name in ("path", "src", "dst")]
+        typed = [path for path in paths if path is not None]
+        if not typed or any(repr(path) in str(exc) for path in typed):
             raise
-        raise BadPath(f"{path!r}: {exc}") from None
+        refused = [path for path in typed if _refused(path)] or typed
+        raise BadPath(f"{' and '.join(map(_shown_path, refused))}: {exc}") from None
+
+
+def _refused(path: str) -> bool:
+    """Whether the path rules refuse ``path`` (which one of mv's two was bad)."""
+    from fscache.paths import normalize
+
+    try:
+        normalize(path)
+    except BadPath:
+        return True
+    return False
+
+
+def _shown_path(path: str, most: int = 60) -> str:
+    """``path`` as an error shows it: whole, or its start and its length if long."""
+    if len(path) <= most:
+        return repr(path)
+    return f"{path[:most]!r}... ({len(path.encode(errors='replace'))} bytes)"
 
 
 def _read(args: argparse.Namespace) -> int:

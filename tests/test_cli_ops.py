@@ -202,3 +202,15 @@ def test_a_ctrl_c_while_the_arguments_are_read_is_one_line_and_130(monkeypatch, 
     monkeypatch.setattr(cli, "_address", interrupted)
     assert cli.main(["ls", "127.0.0.1:1"]) == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_a_bad_path_is_named_short_and_mv_says_which_of_its_two(served):  # noqa: F811
+    long = "d/" * 3000 + "x"
+    refused = fscache_command("read", served, long)
+    (line,) = refused.stderr.decode().splitlines()
+    assert refused.returncode == 1 and len(line) < 200
+    assert line.endswith("... (6001 bytes): path is longer than 1024 bytes")
+    assert fscache_command("mv", served, "", "x").stderr == b"fscache: BadPath: '': path is empty\n"
+    assert (
+        fscache_command("mv", served, "a", ".").stderr == b"fscache: BadPath: '.': path is empty\n"
+    )
