@@ -211,11 +211,10 @@ class CrashDemo:
             reader.command("quit")
         statuses = [await procs.wait_exit(reader.proc, STEP_TIMEOUT) for reader in live]
         bad = [f"{r.name}: {s}" for r, s in zip(live, statuses, strict=True) if s != 0]
+        kind = self.children_name if len(live) != 1 else self.children_name.removesuffix("s")
         self.check(
             f"{self.children_name} exit",
-            f"exit status {', '.join(bad)}"
-            if bad
-            else f"{len(live)} live {self.children_name} exited with 0",
+            f"exit status {', '.join(bad)}" if bad else f"{len(live)} live {kind} exited with 0",
             not bad,
         )
 
