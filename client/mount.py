@@ -94,6 +94,12 @@ the file's lease, never the whole file. Writes take one of two paths:
   streamed to the server as one upload. The upload is atomic: other clients see
   the old contents or the new, never a mix, and see the new from the moment the
   close returns (close-to-open consistency). Memory stays at one part in flight.
+  The file stays on the spool until the release of its last writing handle, so a
+  descriptor closed while a duplicate writes on (a shell's ``> file``, ``dd``:
+  open, ``dup2``, close) uploads what is there so far, and the writes after it go
+  up whole at the next close, never as ranged writes. Only a handle that may
+  write publishes: a read-only ``open``/``close`` meanwhile, on this mount, sends
+  nothing (it reads the writer's bytes: the kernel's pages are one for all).
 - *In place* (an existing file opened without ``O_TRUNC``, e.g. sqlite's pages):
   the written ranges are kept in memory and sent as ranged writes
   (``write(path, data, offset=N)``) on ``close``, ``fsync`` or when they pass
@@ -304,6 +310,7 @@ class _OpenFile:
 
     path: str
     handles: int = 0
+    writers: int = 0  # the handles among them that may write (see _Handle.writes)
     spool: BinaryIO | None = None  # the whole new contents, uploaded on flush
     ranges: _DirtyRanges = dataclasses.field(default_factory=_DirtyRanges)
     changes: int = 0  # bumped by every write or truncate
@@ -314,7 +321,15 @@ class _OpenFile:
 
     @property
     def dirty(self) -> bool:
+        """Whether reads and attributes come from here (a spool, or unsent ranges)
+        rather than from the client and its leases."""
         return self.spool is not None or bool(self.ranges)
+
+    @property
+    def unsent(self) -> bool:
+        """Whether the server lacks some of what was written: a spool changed since
+        its last upload, or ranges not yet sent."""
+        return (self.spool is not None and self.changes != self.on_server) or bool(self.ranges)
 
     def start_spool(self) -> None:
         """From now on the local spool holds the whole contents (empty so far)."""
@@ -334,6 +349,10 @@ class _OpenFile:
 @dataclasses.dataclass(eq=False)
 class _Handle:
     append: bool  # O_APPEND: each write goes at the end
+    # Opened for writing, or with O_TRUNC (which is a write): its close publishes what
+    # was written (close-to-open), and the last such handle's release ends the spool.
+    # A read-only handle's close publishes nothing, whoever else has the file open.
+    writes: bool
 
 
 class FscacheOperations:
@@ -684,16 +703,19 @@ class FscacheOperations:
         if open_file is None:
             open_file = self._open[inode] = _OpenFile(self._path(inode))
         open_file.handles += 1
+        writes = flags & os.O_ACCMODE != os.O_RDONLY or spool
+        if writes:
+            open_file.writers += 1
         if spool:
             open_file.start_spool()
         fh = self._new_handle()
-        self._handles[fh] = _Handle(append=bool(flags & os.O_APPEND))
+        self._handles[fh] = _Handle(append=bool(flags & os.O_APPEND), writes=writes)
         leased = self._client.leased(open_file.path)
         keep = leased is not None and self._paged.get(inode) == leased.version
         if not keep:
             self._paged.pop(inode, None)  # the kernel drops its pages now
         open_flags = FOPEN_KEEP_CACHE if keep else 0
-        if flags & os.O_ACCMODE == os.O_RDONLY and not spool:
+        if not writes:
             open_flags |= FOPEN_NOFLUSH  # nothing to write back: its close need not wait
         return Opened(fh, open_flags)
 
@@ -774,30 +796,59 @@ class FscacheOperations:
             return len(buf)
 
     async def flush(self, inode: int, fh: int) -> None:
+        """The ``close`` of a descriptor (each one, duplicates too): a writing handle's
+        publishes what was written (close-to-open); a read-only one's sends nothing,
+        though another handle may have written (it is answered ``FOPEN_NOFLUSH``, so
+        this comes only for a handle opened with ``O_TRUNC``)."""
+        with _errno_replies():
+            handle = self._handles.get(fh)
+            if handle is not None and handle.writes:
+                await self._write_back(self._open[inode])
+
+    async def fsync(self, inode: int, fh: int, datasync: bool) -> None:
+        """``fsync`` sends what the file holds unsent, through whichever descriptor."""
         with _errno_replies():
             await self._write_back(self._open[inode])
 
-    async def fsync(self, inode: int, fh: int, datasync: bool) -> None:
-        await self.flush(inode, fh)
-
     async def release(self, inode: int, fh: int) -> None:
-        del self._handles[fh]
+        """The last reference to an open handle is gone. Only the last writing handle
+        out sends what is still unsent (its close has sent it unless that failed, or a
+        writable ``mmap`` wrote after it) and ends the spool: a new or truncated file
+        stays whole on the spool, and goes up as one upload, until then, however its
+        descriptors were duplicated and closed (a shell's ``> file``, ``dd``). A
+        read-only handle's release sends nothing: the file may be half written."""
+        handle = self._handles.pop(fh)
         open_file = self._open[inode]
         open_file.handles -= 1  # the release that makes it 0 ends the file's open state
+        if handle.writes:
+            open_file.writers -= 1
         try:
-            await self._write_back(open_file)
+            if open_file.writers == 0 and (handle.writes or open_file.handles == 0):
+                await self._write_back(open_file)
         except FscacheError as exc:  # the kernel has no one to tell: say it here
             log.warning("%s was not written on its last close: %s", open_file.path, exc)
         except Exception:
             log.exception("writing %s back on its last close failed", open_file.path)
         finally:
             # Other releases may have awaited their write-backs meanwhile, and an open
-            # may have come: only the last one out, of this very state, drops it.
-            if open_file.handles == 0 and self._open.get(inode) is open_file:
+            # may have come: only the last writer (or handle) out, of this very state,
+            # ends its writing (or the whole state).
+            if open_file.writers == 0 and self._open.get(inode) is open_file:
                 async with open_file.flushing:  # after any write-back still under way
-                    if open_file.handles == 0 and self._open.get(inode) is open_file:
-                        open_file.drop_spool()
-                        del self._open[inode]
+                    if open_file.writers == 0 and self._open.get(inode) is open_file:
+                        self._end_writing(open_file)
+                        if open_file.handles == 0:
+                            open_file.drop_spool()  # (an unlinked file's contents)
+                            del self._open[inode]
+
+    def _end_writing(self, open_file: _OpenFile) -> None:
+        """No handle may write any more: reads go back to the client (and its leases).
+        What is still unsent could not be sent (the warning said so) and is dropped.
+        An unlinked file keeps its spool: it is the contents until the last close."""
+        if open_file.unlinked:
+            return
+        open_file.drop_spool()
+        open_file.ranges.clear()
 
     async def unlink(self, parent_inode: int, name: bytes) -> None:
         with _errno_replies():
@@ -883,7 +934,8 @@ class FscacheOperations:
     async def write_back_all(self) -> None:
         """On the way out (SIGTERM, Ctrl-C, cancellation, before the unmount): send what
         files still open hold unsent, as their closes would have, within
-        ``UNMOUNT_WRITE_BACK`` seconds; name in the log what could not be sent."""
+        ``UNMOUNT_WRITE_BACK`` seconds; name in the log what could not be sent. The
+        session answers no request after this, so the spools go too."""
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + UNMOUNT_WRITE_BACK
             for open_file in list(self._open.values()):
@@ -892,20 +944,18 @@ class FscacheOperations:
                 except FscacheError as exc:
                     log.warning("%s was not written before the unmount: %s", open_file.path, exc)
         for open_file in self._open.values():
-            if open_file.dirty:
+            if open_file.unsent and not open_file.unlinked:
                 log.warning("%s: its unsent writes are lost with the unmount", open_file.path)
+            open_file.drop_spool()  # no request is answered after this
 
     async def _write_back(self, open_file: _OpenFile) -> None:
         """Send what was written: the spool as one upload, or the dirty ranges."""
-        if not open_file.dirty:  # the close of a file only read: nothing to wait for
+        if not open_file.unsent:  # nothing new (an empty file made here: `touch`)
             return
         async with open_file.flushing:
             if open_file.unlinked:  # the spool is its contents until the last close
                 return
-            if not open_file.dirty:
-                return
-            if open_file.spool is not None and open_file.changes == open_file.on_server:
-                open_file.drop_spool()  # (an empty file made here: `touch`, a lock file)
+            if not open_file.unsent:
                 return
             try:
                 await self._client.stat(open_file.path)  # leased, mostly: no round trip
@@ -914,16 +964,19 @@ class FscacheOperations:
                 # its unsent bytes go nowhere, as for a file unlinked under an open
                 # descriptor, rather than make the name (and its directories) again.
                 log.info("%s is gone elsewhere: its unsent writes are dropped", open_file.path)
-                open_file.drop_spool()
+                if open_file.spool is not None:
+                    open_file.unlinked = True  # its spool serves it until the last close
                 open_file.ranges.clear()
                 return
             changes = open_file.changes
             if open_file.spool is not None:
+                # The spool stays, the file's whole contents, until the last writing
+                # handle's release: writes after this flush (through a duplicate
+                # descriptor) go into it, and up whole again at the next flush.
                 spool = open_file.spool
                 spool.seek(0)
                 await self._client.write(open_file.path, spool)
-                if open_file.changes == changes:  # else written meanwhile: still dirty
-                    open_file.drop_spool()  # reads go back to the client (and its leases)
+                open_file.on_server = changes  # (written meanwhile: still unsent)
             else:
                 for start, data in open_file.ranges.items():
                     await self._client.write(open_file.path, data, offset=start)

@@ -428,13 +428,14 @@ async def test_an_append_is_placed_after_ranges_a_write_back_sends_meanwhile():
 
 
 async def test_handles_closed_at_once_end_the_files_open_state_once():
-    """The first release awaits its write-back while the last one comes: only the
-    last one out drops the file's state, after every write-back is done."""
+    """The writer's release awaits its write-back while the last one (a reader's)
+    comes: only the last one out drops the file's state, after every write-back is
+    done."""
     client = ScriptedStats()
     ops = FscacheOperations(client, session=NoKernel())  # type: ignore[arg-type]
     inode = ops._remember("f")
     first = ops._opened(inode, os.O_WRONLY, spool=False)
-    second = ops._opened(inode, os.O_WRONLY, spool=False)
+    second = ops._opened(inode, os.O_RDONLY, spool=False)
     await ops.write(inode, first.fh, 0, b"one")
     client.landing = trio.Event()
     async with trio.open_nursery() as nursery:

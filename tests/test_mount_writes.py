@@ -1,0 +1,100 @@
+"""The mount's write-back rules, on a real FUSE mount of a real server: what a close
+publishes, and what the kernel keeps when a write-back fails.
+
+The fixtures and the mount's test rules are those of ``tests/test_mount.py``. A
+RELEASE reaches the mount after the ``close`` that caused it has returned, so a test
+that asserts what a release did not do first waits until the mount has handled it
+(:class:`Releases`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+from fscache.client.mount import FscacheOperations
+from tests import test_mount
+
+mountable = test_mount.mountable
+mountpoint = test_mount.mountpoint
+server = test_mount.server
+other = test_mount.other
+mnt = test_mount.mnt
+on_mount = test_mount.on_mount
+read_file = test_mount.read_file
+
+MIB = 1 << 20
+
+
+class Releases:
+    """Counts the releases the mount has finished handling."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.done = 0
+        original = FscacheOperations.release
+
+        async def counted(ops: FscacheOperations, inode: int, fh: int) -> None:
+            try:
+                await original(ops, inode, fh)
+            finally:
+                self.done += 1
+
+        monkeypatch.setattr(FscacheOperations, "release", counted)
+
+    async def wait_for(self, count: int) -> None:
+        with trio.fail_after(30):
+            while self.done < count:
+                await trio.sleep(0.01)
+
+
+@pytest.fixture
+def releases(monkeypatch):
+    return Releases(monkeypatch)
+
+
+async def test_a_read_only_close_does_not_publish_a_file_being_written(mnt, other, releases):
+    """A new file, and an existing one opened with O_TRUNC, are uploaded whole when
+    their writer closes them: a reader opening and closing the file meanwhile on the
+    same mount sees the writer's bytes (one page cache) but publishes nothing."""
+    await other.write("old.txt", b"the old contents")
+    for name, before in (("new.txt", b""), ("old.txt", b"the old contents")):
+        fd = await on_mount(os.open, mnt / name, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        try:
+            await on_mount(os.write, fd, b"NEW-PART-1 ")
+            seen = releases.done
+            assert await on_mount(read_file, mnt / name) == b"NEW-PART-1 "  # read-only
+            await releases.wait_for(seen + 1)  # its release has been handled
+            assert await other.read(name) == before
+            await on_mount(os.write, fd, b"NEW-PART-2")
+        finally:
+            await on_mount(os.close, fd)
+        assert await other.read(name) == b"NEW-PART-1 NEW-PART-2"  # at the close
+
+
+async def test_a_new_file_written_through_a_duplicate_descriptor_goes_up_whole(
+    mnt, other, releases
+):
+    """A shell's ``> file`` and ``dd of=file`` open the file, duplicate the
+    descriptor and close the first one before writing: the file stays on the spool
+    and goes up as one upload at the last close, never as ranged writes that another
+    client could see half done."""
+    data = bytes(range(256)) * (3 * MIB // 256)  # three chunks: an upload
+    for name in ("made.bin", "truncated.bin"):
+        if name == "truncated.bin":
+            await other.write(name, b"the old contents")
+        before = await other.server_stats()
+        fd = await on_mount(os.open, mnt / name, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        dup = await on_mount(os.dup, fd)
+        try:
+            await on_mount(os.close, fd)  # a FLUSH with nothing written yet
+            for at in range(0, len(data), MIB):
+                await on_mount(os.write, dup, data[at : at + MIB])
+                assert await other.read(name) == b""  # made empty, or truncated at the close
+        finally:
+            await on_mount(os.close, dup)
+        assert await other.read(name) == data
+        after = await other.server_stats()
+        assert after["range_writes"] == before["range_writes"], name
+        assert after["uploads"] == before["uploads"] + 1, name
