@@ -119,7 +119,12 @@ kernel never keeps a copy the client no longer holds a lease for.
 Until a flush the writer's own reads and ``stat`` see its writes (the spool, or
 the server's bytes with the dirty ranges laid over); other clients see the file
 as the server has it. A truncate of a file with no spool flushes its ranges and
-is the client's ``truncate``.
+is the client's ``truncate``. A write-back that fails fails the call that asked
+for it (``close``, ``fsync``: EIO) and keeps what it could not send,
+for a later one to try again; what is still unsent at the release of the last
+writing handle is dropped (and logged), and with it the kernel's pages and
+attributes of the file, which hold those bytes: from then on the file reads as
+the server has it.
 
 Not supported, on purpose
 -------------------------
@@ -318,6 +323,8 @@ class _OpenFile:
     modified_ns: int = 0
     unlinked: bool = False
     flushing: trio.Lock = dataclasses.field(default_factory=trio.Lock)
+    failed: int = -1  # ``changes`` when a write-back last failed (its caller was told)
+    failure: str = ""  # why
 
     @property
     def dirty(self) -> bool:
@@ -822,33 +829,52 @@ class FscacheOperations:
         open_file.handles -= 1  # the release that makes it 0 ends the file's open state
         if handle.writes:
             open_file.writers -= 1
+        if open_file.writers > 0:
+            return
         try:
-            if open_file.writers == 0 and (handle.writes or open_file.handles == 0):
+            if open_file.unsent and open_file.failed == open_file.changes:
+                # The write-back failed and the close (or fsync) said so; nothing was
+                # written since. A second try here would tell no one, and would serve
+                # the unsent bytes to this mount's readers while it waits.
+                log.warning(
+                    "%s was not written: %s; its unsent writes are dropped",
+                    open_file.path,
+                    open_file.failure,
+                )
+            elif handle.writes or open_file.handles == 0:
                 await self._write_back(open_file)
         except FscacheError as exc:  # the kernel has no one to tell: say it here
             log.warning("%s was not written on its last close: %s", open_file.path, exc)
         except Exception:
             log.exception("writing %s back on its last close failed", open_file.path)
         finally:
-            # Other releases may have awaited their write-backs meanwhile, and an open
-            # may have come: only the last writer (or handle) out, of this very state,
-            # ends its writing (or the whole state).
-            if open_file.writers == 0 and self._open.get(inode) is open_file:
-                async with open_file.flushing:  # after any write-back still under way
-                    if open_file.writers == 0 and self._open.get(inode) is open_file:
-                        self._end_writing(open_file)
-                        if open_file.handles == 0:
-                            open_file.drop_spool()  # (an unlinked file's contents)
-                            del self._open[inode]
+            # After any write-back still under way (another release's, a rename's, an
+            # fsync's); else at once, before the requests behind this one are read: an
+            # open that follows the failed close must not find the unsent bytes.
+            if open_file.flushing.locked():
+                async with open_file.flushing:
+                    await self._end_writing(inode, open_file)
+            else:
+                await self._end_writing(inode, open_file)
 
-    def _end_writing(self, open_file: _OpenFile) -> None:
-        """No handle may write any more: reads go back to the client (and its leases).
-        What is still unsent could not be sent (the warning said so) and is dropped.
-        An unlinked file keeps its spool: it is the contents until the last close."""
-        if open_file.unlinked:
+    async def _end_writing(self, inode: int, open_file: _OpenFile) -> None:
+        """No handle may write any more (if that still holds: an open may have come
+        meanwhile): reads go back to the client (and its leases); the last handle out
+        ends the file's open state. What is still unsent could not be sent (the log
+        said so) and is dropped, and so are the kernel's pages and attributes, which
+        hold it: else the kernel would serve bytes the server never stored until its
+        attributes time out. An unlinked file keeps its spool until the last close:
+        it is the contents. Changes the state before it waits for anything."""
+        if open_file.writers > 0 or self._open.get(inode) is not open_file:
             return
-        open_file.drop_spool()
-        open_file.ranges.clear()
+        lost = open_file.unsent and not open_file.unlinked
+        if not open_file.unlinked or open_file.handles == 0:
+            open_file.drop_spool()
+            open_file.ranges.clear()
+        if open_file.handles == 0:
+            del self._open[inode]
+        if lost:
+            await self._invalidate_pages(inode)
 
     async def unlink(self, parent_inode: int, name: bytes) -> None:
         with _errno_replies():
@@ -949,7 +975,8 @@ class FscacheOperations:
             open_file.drop_spool()  # no request is answered after this
 
     async def _write_back(self, open_file: _OpenFile) -> None:
-        """Send what was written: the spool as one upload, or the dirty ranges."""
+        """Send what was written: the spool as one upload, or the dirty ranges. A
+        failure is raised, and remembered (see :meth:`release`)."""
         if not open_file.unsent:  # nothing new (an empty file made here: `touch`)
             return
         async with open_file.flushing:
@@ -957,34 +984,57 @@ class FscacheOperations:
                 return
             if not open_file.unsent:
                 return
-            try:
-                await self._client.stat(open_file.path)  # leased, mostly: no round trip
-            except NotFound:
-                # Deleted or renamed away by another client since it was opened here:
-                # its unsent bytes go nowhere, as for a file unlinked under an open
-                # descriptor, rather than make the name (and its directories) again.
-                log.info("%s is gone elsewhere: its unsent writes are dropped", open_file.path)
-                if open_file.spool is not None:
-                    open_file.unlinked = True  # its spool serves it until the last close
-                open_file.ranges.clear()
-                return
             changes = open_file.changes
-            if open_file.spool is not None:
-                # The spool stays, the file's whole contents, until the last writing
-                # handle's release: writes after this flush (through a duplicate
-                # descriptor) go into it, and up whole again at the next flush.
-                spool = open_file.spool
-                spool.seek(0)
-                await self._client.write(open_file.path, spool)
-                open_file.on_server = changes  # (written meanwhile: still unsent)
-            else:
-                for start, data in open_file.ranges.items():
-                    await self._client.write(open_file.path, data, offset=start)
-                if open_file.changes == changes:
-                    open_file.ranges.clear()
+            try:
+                sent = await self._send(open_file, changes)
+            except Exception as exc:
+                open_file.failed, open_file.failure = changes, str(exc)
+                raise
             inode = self._inode_of.get(open_file.path)
-            if inode is not None:  # its cached mtime is the old version's
+            if sent and inode is not None:  # its cached mtime is the old version's
                 await self._invalidate_attributes(inode)
+
+    async def _send(self, open_file: _OpenFile, changes: int) -> bool:
+        """Send what was written up to write number ``changes``; False if the file
+        is gone."""
+        try:
+            await self._client.stat(open_file.path)  # leased, mostly: no round trip
+        except NotFound:
+            # Deleted or renamed away by another client since it was opened here:
+            # its unsent bytes go nowhere, as for a file unlinked under an open
+            # descriptor, rather than make the name (and its directories) again.
+            log.info("%s is gone elsewhere: its unsent writes are dropped", open_file.path)
+            if open_file.spool is not None:
+                open_file.unlinked = True  # its spool serves it until the last close
+            open_file.ranges.clear()
+            return False
+        if open_file.spool is not None:
+            # The spool stays, the file's whole contents, until the last writing
+            # handle's release: writes after this flush (through a duplicate
+            # descriptor) go into it, and up whole again at the next flush.
+            spool = open_file.spool
+            spool.seek(0)
+            await self._client.write(open_file.path, spool)
+            open_file.on_server = changes  # (written meanwhile: still unsent)
+        else:
+            for start, data in open_file.ranges.items():
+                await self._client.write(open_file.path, data, offset=start)
+            if open_file.changes == changes:
+                open_file.ranges.clear()
+        return True
+
+    async def _invalidate_pages(self, inode: int) -> None:
+        """Make the kernel drop ``inode``'s pages and attributes (not its name). Only
+        where the kernel holds no page of the file locked for the request being
+        answered (a RELEASE): a WRITE does, and this would wait for it for good."""
+        self._paged.pop(inode, None)
+
+        def forget() -> None:
+            with contextlib.suppress(OSError):  # ENOENT: the kernel has forgotten it
+                self._session.invalidate_inode(inode)
+
+        await trio.to_thread.run_sync(forget)
+        self._paged.pop(inode, None)  # (pages read meanwhile were read during it)
 
     async def _invalidate_attributes(self, inode: int) -> None:
         """Make the kernel ask for ``inode``'s attributes again. Unlike

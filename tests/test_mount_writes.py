@@ -9,12 +9,14 @@ that asserts what a release did not do first waits until the mount has handled i
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
 import trio
 
-from fscache.client.mount import FscacheOperations
+import fscache
+from fscache.client.mount import FscacheOperations, mount
 from tests import test_mount
 
 mountable = test_mount.mountable
@@ -98,3 +100,46 @@ async def test_a_new_file_written_through_a_duplicate_descriptor_goes_up_whole(
         after = await other.server_stats()
         assert after["range_writes"] == before["range_writes"], name
         assert after["uploads"] == before["uploads"] + 1, name
+
+
+async def fails(*args, **kwargs):
+    await trio.sleep(0.5)  # as the client waits for a connection before it gives up
+    raise fscache.Unavailable("the server is away")
+
+
+async def test_bytes_a_failed_write_back_could_not_send_leave_the_kernel(
+    mountable, server, mountpoint, other, releases, monkeypatch
+):
+    """A write-back that fails (the server gone, its disk full) fails the close,
+    and the bytes it could not send are dropped with the file's open state: the
+    kernel must not go on serving them from its pages, to a new open or to a
+    descriptor that was open all along. The release after the failed close does
+    not try again (which would serve them while it waited): an open right after
+    the close already reads the file as the server has it."""
+    path = mountpoint / "p.txt"
+    async with (
+        fscache.open_client("127.0.0.1", server.port) as client,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(mount, client, mountpoint)
+        for name, flags in (("in place", os.O_RDWR), ("spooled", os.O_RDWR | os.O_TRUNC)):
+            await other.write("p.txt", b"ORIGINAL-CONTENT\n")
+            assert await on_mount(read_file, path) == b"ORIGINAL-CONTENT\n"  # pages, leased
+            reader = await on_mount(os.open, path, os.O_RDONLY)
+            try:
+                with monkeypatch.context() as patched:
+                    patched.setattr(client, "write", fails)
+                    seen = releases.done
+                    fd = await on_mount(os.open, path, flags)
+                    await on_mount(os.write, fd, b"NEVER-STORED")
+                    with pytest.raises(OSError) as failed:
+                        await on_mount(os.close, fd)
+                    assert failed.value.errno == errno.EIO
+                    assert await on_mount(read_file, path) == b"ORIGINAL-CONTENT\n", name
+                    await releases.wait_for(seen + 2)  # the writer's, and that read's
+                assert await on_mount(read_file, path) == b"ORIGINAL-CONTENT\n", name
+                assert await on_mount(os.pread, reader, 100, 0) == b"ORIGINAL-CONTENT\n", name
+                assert (await on_mount(os.stat, path)).st_size == 17, name
+            finally:
+                await on_mount(os.close, reader)
+        nursery.cancel_scope.cancel()
