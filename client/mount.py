@@ -120,11 +120,11 @@ Until a flush the writer's own reads and ``stat`` see its writes (the spool, or
 the server's bytes with the dirty ranges laid over); other clients see the file
 as the server has it. A truncate of a file with no spool flushes its ranges and
 is the client's ``truncate``. A write-back that fails fails the call that asked
-for it (``close``, ``fsync``: EIO) and keeps what it could not send,
-for a later one to try again; what is still unsent at the release of the last
-writing handle is dropped (and logged), and with it the kernel's pages and
-attributes of the file, which hold those bytes: from then on the file reads as
-the server has it.
+for it (``close``, ``fsync``: EIO; ENOSPC for the server's full disk) and keeps
+what it could not send, for a later one to try again; what is still unsent at the
+release of the last writing handle is dropped (and logged), and with it the
+kernel's pages and attributes of the file, which hold those bytes: from then on
+the file reads as the server has it.
 
 Not supported, on purpose
 -------------------------
@@ -206,6 +206,7 @@ from fscache.errors import (
     Exists,
     FscacheError,
     IsADirectory,
+    NoSpace,
     NotADirectory,
     NotEmpty,
     NotFound,
@@ -229,6 +230,7 @@ _ERRNO: tuple[tuple[type[FscacheError], int], ...] = (
     (Exists, errno.EEXIST),
     (TooLarge, errno.EFBIG),
     (Unauthorized, errno.EACCES),
+    (NoSpace, errno.ENOSPC),  # the server's disk or quota: the writer's to hear as such
 )
 MIXED = -1  # in ``_paged``: the kernel may hold pages of more than one version
 BLOCK_SIZE = 4096

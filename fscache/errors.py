@@ -101,6 +101,14 @@ class LockTimeout(FscacheError):
     code = "lock_timeout"
 
 
+class NoSpace(FscacheError):
+    """The server's disk, or its user's quota, is full (``ENOSPC``, ``EDQUOT``): the
+    change was not made. The operator's to fix; the same request may succeed once
+    there is room."""
+
+    code = "no_space"
+
+
 _BY_CODE: dict[str, type[FscacheError]] = {
     cls.code: cls
     for cls in (
@@ -119,6 +127,7 @@ _BY_CODE: dict[str, type[FscacheError]] = {
         NotDurable,
         LockLost,
         LockTimeout,
+        NoSpace,
     )
 }
 

@@ -272,6 +272,7 @@ from fscache.errors import (
     Exists,
     FscacheError,
     IsADirectory,
+    NoSpace,
     NotADirectory,
     NotDurable,
     NotEmpty,
@@ -1666,8 +1667,10 @@ def _translate(exc: OSError, op: str, path: str) -> FscacheError:
         )
     if code == errno.ENAMETOOLONG:
         return BadPath(f"cannot {op} {path!r}: {exc.strerror}")
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        return FscacheError(f"cannot {op} {path!r}: the store's disk is full")
+    if code == errno.ENOSPC:
+        return NoSpace(f"cannot {op} {path!r}: the store's disk is full")
+    if code == errno.EDQUOT:
+        return NoSpace(f"cannot {op} {path!r}: the store's disk is full (quota exceeded)")
     if code == errno.EIO:
         return FscacheError(f"cannot {op} {path!r}: the store's disk failed (I/O error)")
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):

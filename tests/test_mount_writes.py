@@ -10,6 +10,7 @@ that asserts what a release did not do first waits until the mount has handled i
 from __future__ import annotations
 
 import errno
+import logging
 import os
 
 import pytest
@@ -17,6 +18,7 @@ import trio
 
 import fscache
 from fscache.client.mount import FscacheOperations, mount
+from fscache.server.service import ServerSettings, serve
 from tests import test_mount
 
 mountable = test_mount.mountable
@@ -143,3 +145,37 @@ async def test_bytes_a_failed_write_back_could_not_send_leave_the_kernel(
             finally:
                 await on_mount(os.close, reader)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_full_disk_on_the_server_is_enospc_at_the_close(
+    mountable, small_disk, mountpoint, caplog
+):
+    """The server's full disk reaches the writer as ENOSPC (not EIO), a new file
+    and a write in place alike, and leaves no torn file; the log says why."""
+    caplog.set_level(logging.WARNING, logger="fscache.mount")
+    async with trio.open_nursery() as servers:
+        server = await servers.start(serve, ServerSettings(root=str(small_disk), port=0))
+        async with (
+            fscache.open_client("127.0.0.1", server.port) as other,
+            fscache.open_client("127.0.0.1", server.port) as client,
+            trio.open_nursery() as nursery,
+        ):
+            await nursery.start(mount, client, mountpoint)
+            await other.write("kept", b"acknowledged")
+            too_big = b"x" * (3 * MIB)  # the disk has 1 MiB
+            for name, flags in (("new", os.O_CREAT | os.O_TRUNC), ("kept", 0)):
+                fd = await on_mount(os.open, mountpoint / name, os.O_WRONLY | flags, 0o644)
+                try:
+                    for at in range(0, len(too_big), MIB):
+                        await on_mount(os.pwrite, fd, too_big[at : at + MIB], at)
+                finally:
+                    with pytest.raises(OSError) as full:
+                        await on_mount(os.close, fd)
+                assert full.value.errno == errno.ENOSPC, name
+            assert await other.read("new") == b""  # made empty at the create: not torn
+            assert await other.read("kept") == b"acknowledged"
+            assert await on_mount(read_file, mountpoint / "kept") == b"acknowledged"
+            nursery.cancel_scope.cancel()
+        servers.cancel_scope.cancel()
+    said = [r.getMessage() for r in caplog.records if "not written" in r.getMessage()]
+    assert said and all("disk is full" in line for line in said), said

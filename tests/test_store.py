@@ -25,9 +25,11 @@ from fscache.errors import (
     Conflict,
     FscacheError,
     IsADirectory,
+    NoSpace,
     NotADirectory,
     NotFound,
     TooLarge,
+    error_for_code,
 )
 from fscache.paths import RESERVED_PREFIX
 from fscache.server import store as store_mod
@@ -434,12 +436,34 @@ def test_os_errors_become_fscache_errors(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "rename", full_disk)
-    with pytest.raises(FscacheError, match="disk is full") as info:
+    with pytest.raises(NoSpace, match="disk is full") as info:
         store.write("f", b"new")
-    assert type(info.value) is FscacheError
+    assert type(info.value) is NoSpace
     monkeypatch.undo()
     assert store.read("f") == (v0, b"old")
     assert temp_files(root) == []  # the failed write cleaned up after itself
+
+
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [(errno.ENOSPC, "disk is full"), (errno.EDQUOT, "disk is full (quota exceeded)")],
+)
+def test_a_full_disk_or_quota_is_no_space_and_goes_over_the_wire_as_such(
+    store: Store, monkeypatch: pytest.MonkeyPatch, code: int, said: str
+) -> None:
+    """Its own code, so that a client (the mount: ENOSPC) can tell the writer the
+    disk is full rather than that something failed."""
+
+    def full(src: str, dst: str, **dir_fds: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "rename", full)
+    with pytest.raises(NoSpace) as info:
+        store.write("f", b"new")
+    assert str(info.value) == f"cannot write 'f': the store's {said}"
+    assert info.value.code == "no_space"
+    assert type(error_for_code(info.value.code, str(info.value))) is NoSpace
+    assert NoSpace.__mro__[1] is FscacheError  # a flat family
 
 
 def test_a_failed_write_leaves_no_directory_it_made(

@@ -26,6 +26,7 @@ from fscache.errors import (
     Exists,
     FscacheError,
     IsADirectory,
+    NoSpace,
     NotADirectory,
     NotDurable,
     NotEmpty,
@@ -51,7 +52,12 @@ def dir_version(store: Store, path: str) -> int:
 
 @pytest.mark.parametrize(
     ("cls", "code"),
-    [(NotADirectory, "not_a_directory"), (NotEmpty, "not_empty"), (Exists, "exists")],
+    [
+        (NotADirectory, "not_a_directory"),
+        (NotEmpty, "not_empty"),
+        (Exists, "exists"),
+        (NoSpace, "no_space"),
+    ],
 )
 def test_new_error_codes_map_back_to_their_class(cls: type[FscacheError], code: str) -> None:
     assert cls.code == code
@@ -737,7 +743,7 @@ def test_full_disk_ends_an_upload_without_a_temp_file(small_disk: Path) -> None:
     store = Store(small_disk, max_file_size=MAX)
     old = store.write("f", b"old")
     upload = store.upload_begin("f")
-    with pytest.raises(FscacheError, match="disk is full"):
+    with pytest.raises(NoSpace, match="disk is full"):
         for i in range(4):
             store.upload_part(upload, i * CHUNK_SIZE, b"x" * CHUNK_SIZE)
     assert upload.closed
@@ -749,10 +755,10 @@ def test_full_disk_leaves_in_place_writes_untouched(small_disk: Path) -> None:
     store = Store(small_disk, max_file_size=MAX)
     old = store.write("f", b"old")
     too_big = b"x" * (2 * CHUNK_SIZE)
-    with pytest.raises(FscacheError, match="disk is full"):
+    with pytest.raises(NoSpace, match="disk is full"):
         store.write_range("f", 0, too_big)
     assert store.read("f") == (old, b"old")  # blocks are reserved before any byte changes
-    with pytest.raises(FscacheError, match="disk is full"):
+    with pytest.raises(NoSpace, match="disk is full"):
         store.write_range("new", 0, too_big)
     assert store.facts("new") == Facts(exists=False, is_dir=False)  # no stray file
     assert store.listdir("") == ["f"]
@@ -761,7 +767,7 @@ def test_full_disk_leaves_in_place_writes_untouched(small_disk: Path) -> None:
 def test_no_inodes_left_leaves_no_stray_directory(small_disk: Path) -> None:
     store = Store(small_disk, max_file_size=MAX)
     made = 0
-    with pytest.raises(FscacheError, match="disk is full"):
+    with pytest.raises(NoSpace, match="disk is full"):
         for made in range(100):
             store.mkdir(f"d{made:03}")
     assert len(store.scandir("")[1]) == made
