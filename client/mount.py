@@ -66,7 +66,16 @@ are the client's calls, seen by every client at once, with POSIX errnos
 (ENOENT, EEXIST, ENOTDIR, EISDIR, ENOTEMPTY). Listings (``readdir``) and the
 lookup of a name come from :meth:`Client.scandir`, cached under the directory's
 lease: a directory is looked up in its parent's cached listing, a file's
-attributes come from its own lease (else a ``stat``). ``rename`` passes no flags
+attributes come from its own lease (else a ``stat``). A directory whose listing
+is not cached (every create, unlink or rename in it drops ours, and a directory
+written often is leased for no time at all) is listed again only once as many
+of its names have been looked up one by one, with a ``stat`` each, as its last
+listing had (:meth:`FscacheOperations._lists`): so each create, whose negative
+lookup comes first, costs one round trip, not a listing of the whole directory,
+and the listings a lookup makes cost at most one ``stat`` per lookup in all. A
+name so found is kept by the kernel only for its file's lease (none for a
+directory), and a name not found not at all, so another client's create is seen
+at the next lookup. ``rename`` passes no flags
 on: ``RENAME_NOREPLACE`` and ``RENAME_EXCHANGE`` get EINVAL, since a check
 before the rename could not make them atomic. Open files below a renamed name
 are written back first and follow the rename. A write-back, wherever it happens,
@@ -187,6 +196,7 @@ from typing import BinaryIO
 
 import trio
 
+from fscache.cache import DirEntry as Listed
 from fscache.client.client import Client, StatResult
 from fscache.client.fuse_protocol import (
     FOPEN_KEEP_CACHE,
@@ -383,6 +393,9 @@ class FscacheOperations:
         self._open: dict[int, _OpenFile] = {}  # by inode
         self._handles: dict[int, _Handle] = {}
         self._listings: dict[int, tuple[str, list[tuple[str, StatResult]]]] = {}
+        # By directory: the names its last listing had, and the lookups in it answered
+        # with a stat since (see _lists); kept while the kernel knows the directory.
+        self._listed: dict[str, tuple[int, int]] = {}
         self._next_handle = 1
         self._paged: dict[int, int] = {}  # inode: the version of the pages the kernel may hold
         self._invalidations = 0  # approval requests seen: a read spanning one is MIXED
@@ -445,6 +458,7 @@ class FscacheOperations:
             self._inode_of[moved] = inode
             self._path_of[inode] = moved
             self._paged.pop(inode, None)
+            self._listed.pop(path, None)  # (listed again under its new name)
             if inode in self._open:
                 self._open[inode].path = moved
 
@@ -508,11 +522,18 @@ class FscacheOperations:
 
     async def _entry(self, path: str) -> StatResult:
         """``path`` looked up in its directory's leased listing: a directory from
-        there, a file from its own lease or the server."""
+        there, a file from its own lease or the server. Or, if the listing is not
+        cached and is not worth listing again (:meth:`_lists`), the one name from
+        the server."""
         known = self._local(path)
         if known is not None:
             return known
-        entries = await self._client.scandir(parent(path))
+        directory = parent(path)
+        if not self._lists(directory):
+            size, looked_up = self._listed[directory]
+            self._listed[directory] = (size, looked_up + 1)
+            return await self._stat(path)
+        entries = await self._scandir(directory)
         name = path.rpartition("/")[2]
         at = bisect.bisect_left(entries, name, key=lambda entry: entry.name)
         if at == len(entries) or entries[at].name != name:
@@ -520,6 +541,26 @@ class FscacheOperations:
         if entries[at].is_dir:
             return StatResult(path, entries[at].version, 0, True)
         return await self._stat(path)
+
+    def _lists(self, directory: str) -> bool:
+        """Whether a lookup in ``directory`` goes through its listing: while the
+        client has one cached (leased: no request; expired: a revalidation, which
+        costs no entries if the directory is unchanged), the first time, and then
+        once as many lookups have been answered by a ``stat`` as the last listing
+        had names. A listing costs the server about one ``stat`` per name, so the
+        lookups in a directory that keeps changing cost about two stats each
+        at most, however big it is, while a directory nobody changes is listed as
+        before, and the kernel keeps its names for the listing's lease."""
+        if self._client.cache.get_listing(dir_key(directory)) is not None:
+            return True
+        listed = self._listed.get(directory)
+        return listed is None or listed[1] >= listed[0]
+
+    async def _scandir(self, directory: str) -> list[Listed]:
+        """The client's (leased) listing of ``directory``, and its size noted."""
+        entries = await self._client.scandir(directory)
+        self._listed[directory] = (len(entries), 0)
+        return entries
 
     async def lookup(self, parent_inode: int, name: bytes) -> Entry:
         with _errno_replies():
@@ -546,6 +587,7 @@ class FscacheOperations:
             path = self._path_of.pop(inode, None)
             if path is not None and self._inode_of.get(path) == inode:
                 del self._inode_of[path]
+                self._listed.pop(path, None)
 
     async def getattr(self, inode: int) -> Entry:
         with _errno_replies():
@@ -638,7 +680,7 @@ class FscacheOperations:
         listed (with no kernel timeout: a listing says nothing of a file's contents)."""
         prefix = f"{path}/" if path else ""
         listed = []
-        for entry in await self._client.scandir(path):
+        for entry in await self._scandir(path):
             child = prefix + entry.name
             known = self._local(child)
             if known is None:
@@ -660,6 +702,7 @@ class FscacheOperations:
             path = self._child(parent_inode, name)
             await self._client.rmdir(path)
             self._inode_of.pop(path, None)
+            self._listed.pop(path, None)
 
     async def rename(
         self,

@@ -514,6 +514,36 @@ async def test_removing_a_listed_tree_lists_it_once(mnt, other, root):
     assert await other.listdir("") == []
 
 
+async def test_creates_in_a_big_directory_do_not_list_it_again_each(mnt, other, root):
+    """Each create drops our cached listing of its directory, and the kernel looks
+    the new name up first: that lookup asks for the one name, not for a listing of
+    the whole directory (which made filling a directory quadratic). Names another
+    client makes or removes meanwhile are seen at once all the same."""
+    (root / "big").mkdir()  # made on disk, as in the test above
+    for i in range(300):
+        (root / "big" / f"f{i:03d}").write_bytes(b"x")
+    assert len(await on_mount(os.listdir, mnt / "big")) == 300
+    before = (await other.server_stats())["listings"]
+
+    def create_fifty() -> None:
+        for i in range(50):
+            with open(mnt / "big" / f"new{i:02d}", "wb") as f:
+                f.write(b"y")
+
+    await on_mount(create_fifty)
+    assert (await other.server_stats())["listings"] - before <= 2  # was one per create
+    assert await other.read("big/new49") == b"y"
+
+    assert not await on_mount(os.path.exists, mnt / "big" / "theirs")
+    await other.write("big/theirs", b"made elsewhere")
+    assert await on_mount(read_file, mnt / "big" / "theirs") == b"made elsewhere"
+    await other.delete("big/new00")
+    assert not await on_mount(os.path.exists, mnt / "big" / "new00")
+    await other.mkdir("big/sub")
+    assert await on_mount(os.path.isdir, mnt / "big" / "sub")
+    assert len(await on_mount(os.listdir, mnt / "big")) == 300 + 50 + 1
+
+
 async def test_directories_live_on_the_server_with_posix_errnos(mnt, other):
     await on_mount(os.makedirs, mnt / "new" / "sub")
     assert await other.scandir("new") == [fscache.client.client.DirEntry("sub", True, 0, ANY)]
