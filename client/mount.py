@@ -226,7 +226,7 @@ from fscache.errors import (
 from fscache.names import dir_key, parent
 from fscache.paths import MAX_PATH_BYTES, MAX_SEGMENT_BYTES, normalize
 
-__all__ = ["FscacheOperations", "mount"]
+__all__ = ["FscacheOperations", "check_mountpoint", "mount"]
 
 log = logging.getLogger("fscache.mount")
 
@@ -1120,6 +1120,7 @@ async def mount(
     mountpoint = os.path.abspath(mountpoint)
     if shutil.which("fusermount3") is None:
         raise FscacheError("mounting needs fusermount3 (apt-get install fuse3)")
+    check_mountpoint(mountpoint)
     if os.path.ismount(mountpoint):  # (not ours: we have none, so this cannot wait on us)
         raise FscacheError(f"{mountpoint} is already a mount point")
     if debug:
@@ -1140,6 +1141,25 @@ async def mount(
         stack.push_async_callback(operations.write_back_all)  # before the unmount
         client.cache.max_bytes = cache_bytes  # its leases live there: never none
         await session.serve(operations, task_status=task_status)
+
+
+def check_mountpoint(mountpoint: str) -> None:
+    """Raise :class:`FscacheError` saying what keeps ``mountpoint`` from being
+    mounted on, if it is not a directory. A FUSE mount whose process died (killed,
+    crashed) is still mounted, and every call on it fails with ENOTCONN
+    ("Transport endpoint is not connected"): that is what to say, and how to clear
+    it, rather than that it is not a directory."""
+    try:
+        st = os.stat(mountpoint)
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:
+            raise FscacheError(
+                f"{mountpoint} is a stale FUSE mount (the process that served it is gone);"
+                f" clear it with: fusermount3 -u {mountpoint}"
+            ) from None
+        raise FscacheError(f"cannot mount on {mountpoint}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise FscacheError(f"cannot mount on {mountpoint}: it is not a directory")
 
 
 def _capacity(stats: dict[str, object], block_size: int) -> Capacity:

@@ -768,11 +768,10 @@ def _stats(args: argparse.Namespace) -> int:
 def _mount(args: argparse.Namespace) -> int:
     import trio
 
-    from fscache.client.mount import mount
+    from fscache.client.mount import check_mountpoint, mount
 
     mountpoint = os.path.abspath(args.mountpoint)
-    if not os.path.isdir(mountpoint):
-        raise FscacheError(f"mountpoint {args.mountpoint!r} is not a directory")
+    check_mountpoint(mountpoint)  # before connecting: a stale FUSE mount, a file ...
 
     async def serve_mount(client: Any) -> int:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -784,6 +784,49 @@ async def test_fusermount_u_ends_the_mount(mountable, server, mountpoint, other,
         _tear_down(second)
 
 
+HOLD_A_MOUNT = """
+import sys, trio
+from fscache.client.fuse_session import mounted
+
+async def main():
+    async with mounted(sys.argv[1]):
+        print("mounted", flush=True)
+        await trio.sleep_forever()
+
+trio.run(main)
+"""
+
+
+def test_mounting_on_a_stale_fuse_mount_says_so_and_how_to_clear_it(mountable, mountpoint):
+    """A mount whose process was killed stays mounted, and every call on it fails
+    with ENOTCONN: the command says so, and how to clear it (not "not a
+    directory")."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_A_MOUNT, str(mountpoint)], stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout.readline() == b"mounted\n"
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+        holder.stdout.close()
+    try:
+        with pytest.raises(OSError) as dead:
+            os.stat(mountpoint)
+        assert dead.value.errno == errno.ENOTCONN
+        done = subprocess.run(
+            [sys.executable, "-m", "fscache", "mount", "127.0.0.1:9", str(mountpoint)],
+            capture_output=True,
+            timeout=30,
+        )
+        assert done.returncode == 1
+        said = done.stderr.decode()
+        assert "stale FUSE mount" in said and f"fusermount3 -u {mountpoint}" in said, said
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mountpoint)], check=True)
+    assert os.path.isdir(mountpoint)
+
+
 def test_the_mount_command_serves_until_sigint(mountable, mountpoint, tmp_path):
     root = tmp_path / "root"
     root.mkdir()
