@@ -84,6 +84,13 @@ version's): the kernel may be holding the directory (a rename) or the file (a
 truncate, a write) for the request being answered, and dropping a name waits for
 the directory's lock. The pages it keeps are the ones just written.
 
+A name the server would refuse gets EINVAL: one that begins with ``.fscache``
+(in any case: reserved for the server's own state and temp files), one that is
+not UTF-8, or one with a backslash or a control character. EINVAL says nothing
+more, so the mount logs which rule the name broke, as a warning at most once per
+rule every ``REFUSAL_LOG_INTERVAL`` seconds (a program may try a name over and
+over).
+
 A name that goes while its file is open here (``unlink``, or a rename over it)
 leaves the open descriptors working, as POSIX says: before the name goes the
 mount copies what they see into a local spool (for a big file, a copy of all of
@@ -248,6 +255,7 @@ MOUNT_CACHE_BYTES = 16 << 20  # the client's cache under a mount (the kernel has
 DIRTY_BOUND = 8 << 20  # bytes written in place that are sent before the close
 CAPACITY_TTL = 1.0  # s: statfs answers with the server's disk figures at most this old
 UNMOUNT_WRITE_BACK = 30.0  # s: how long the way out waits for open files' unsent writes
+REFUSAL_LOG_INTERVAL = 10.0  # s: at most one warning per rule a refused name broke
 DOT, DOT_DOT = b".", b".."  # the names every listing begins with
 DOTS = 2
 
@@ -401,6 +409,7 @@ class FscacheOperations:
         self._invalidations = 0  # approval requests seen: a read spanning one is MIXED
         client.before_approval.append(self.before_approval)
         self._capacity = Capacity()  # the server's disk, as last told
+        self._refusals: dict[str, tuple[float, int]] = {}  # rule: last warned, refused since
         self._capacity_until = -math.inf  # when to ask again
         self._uid = os.getuid()
         self._gid = os.getgid()
@@ -418,7 +427,7 @@ class FscacheOperations:
         try:
             text = name.decode("utf-8")
         except UnicodeDecodeError:
-            log.info("refused the name %r: fscache names are UTF-8", name)
+            self._refused("utf-8", name, "fscache names are UTF-8")
             raise FuseError(errno.EINVAL) from None
         parent_path = self._path(parent_inode)
         path = f"{parent_path}/{text}" if parent_path else text
@@ -427,8 +436,23 @@ class FscacheOperations:
         try:
             return normalize(path)
         except BadPath as exc:  # EINVAL alone does not say which rule the name broke
-            log.info("refused the name %r: %s", text, exc)
+            self._refused(str(exc).partition(":")[0], text, exc)
             raise FuseError(errno.EINVAL) from None
+
+    def _refused(self, rule: str, name: str | bytes, why: object) -> None:
+        """Say why a name was refused: EINVAL alone does not. A WARNING (the mount
+        logs no less by default) at most once per ``rule`` (the rule's words, without
+        the name) every REFUSAL_LOG_INTERVAL seconds, since a program may look the
+        same name up over and over; the rest at DEBUG, counted in the next one."""
+        now = time.monotonic()
+        last, since = self._refusals.get(rule, (-math.inf, 0))
+        if now - last < REFUSAL_LOG_INTERVAL:
+            self._refusals[rule] = (last, since + 1)
+            log.debug("refused the name %r: %s", name, why)
+            return
+        self._refusals[rule] = (now, 0)
+        more = f" ({since} more refused so since the last warning)" if since else ""
+        log.warning("refused the name %r: %s%s", name, why, more)
 
     def _inode(self, path: str) -> int:
         inode = self._inode_of.get(path)

@@ -738,6 +738,23 @@ async def test_bad_names_are_refused_and_the_log_says_why(mnt, other, caplog):
     )
 
 
+async def test_a_refused_name_is_a_warning_at_most_once_in_a_while(mnt, other, caplog, monkeypatch):
+    """The mount logs at WARNING by default: a refused name must show there, or
+    EINVAL comes with no reason at all; but once per rule in a while, since a
+    program may try the same name over and over."""
+    monkeypatch.setattr("fscache.client.mount.REFUSAL_LOG_INTERVAL", 3600.0)
+    caplog.set_level(logging.WARNING, logger="fscache.mount")
+    for _ in range(20):
+        with pytest.raises(OSError) as reserved:
+            await on_mount(write_file, mnt / ".fscache-mine", b"")
+        assert reserved.value.errno == errno.EINVAL
+    with pytest.raises(OSError):
+        await on_mount(os.stat, mnt / ".fscache-other")
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    assert ".fscache-mine" in warned[0] and "reserved" in warned[0]
+
+
 async def test_without_the_server_reads_fail_with_eio_not_stale_data(mountable, root, mountpoint):
     async with trio.open_nursery() as outer:
         server_scope = trio.CancelScope()
