@@ -347,7 +347,7 @@ class Destroy:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Unsupported:
-    """Any other opcode: answered ENOSYS."""
+    """Any other opcode: answered ENOSYS (or EPERM: see ``Session.serve``)."""
 
     unique: int
     opcode: int

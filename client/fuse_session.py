@@ -34,7 +34,9 @@ waiting for anything:
   thread: the kernel may hold such a write until requests that only this loop
   can answer are answered.
 * INTERRUPT is answered ENOSYS, so the kernel stops sending it: a handler
-  runs to its end and its reply to an abandoned request is dropped.
+  runs to its end and its reply to an abandoned request is dropped. Any other
+  request the operations do not answer gets ENOSYS too, but those the file
+  system names in ``serve(not_permitted=...)``, which get EPERM.
 
 A session holds no global state: a process can serve several mounts.
 """
@@ -158,6 +160,7 @@ class Session:
         self._buffer = bytearray(MAX_WRITE + _BUFFER_SLACK)
         self._view = memoryview(self._buffer)
         self._ops: Operations | None = None
+        self._not_permitted: frozenset[int] = frozenset()
         self._handlers: dict[type[fp.Request], Callable[[Any], Awaitable[Reply]]] = {
             fp.Lookup: self._lookup,
             fp.Getattr: self._getattr,
@@ -199,11 +202,15 @@ class Session:
         self,
         operations: Operations,
         *,
+        not_permitted: Iterable[int] = (),
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Answer INIT, call ``task_status.started()``, then answer requests until
-        the mount goes away."""
+        the mount goes away. Requests of the opcodes ``not_permitted`` (of those
+        :class:`Operations` has no method for) are answered EPERM rather than
+        ENOSYS: what a file system without, say, links answers for making one."""
         self._ops = operations
+        self._not_permitted = frozenset(not_permitted)
         os.set_blocking(self.fd, False)
         while True:
             request = await self._next()
@@ -279,6 +286,8 @@ class Session:
                 return
             elif isinstance(request, fp.Init):
                 reply = fp.reply_error(request.unique, errno.EPROTO)
+            elif isinstance(request, fp.Unsupported) and request.opcode in self._not_permitted:
+                reply = fp.reply_error(request.unique, errno.EPERM)
             else:  # Interrupt, Unsupported and anything not asked for: ENOSYS
                 reply = fp.reply_error(request.unique, errno.ENOSYS)
         except FuseError as exc:

@@ -146,8 +146,9 @@ Not supported, on purpose
 -------------------------
 - Modes, owners and times are not stored: files are 0644, directories 0755, owned
   by the mounting user; mtime is the version (an mtime in ns). ``chmod``, ``chown``
-  and ``utime`` succeed and change nothing. No links, symlinks, special files,
-  xattrs.
+  and ``utime`` succeed and change nothing. No links, symlinks or special files
+  (making one is EPERM, as on a file system without them, such as vfat:
+  ``NOT_PERMITTED``), no xattrs.
 - A writable shared ``mmap`` is written back like ``write(2)``: the kernel sends
   the dirty pages on ``msync`` and on close, as ranged writes on the flush that
   follows.
@@ -214,6 +215,7 @@ from fscache.client.fuse_protocol import (
     DirEntry,
     Entry,
     FuseError,
+    Opcode,
     Opened,
 )
 from fscache.client.fuse_session import Session, mounted
@@ -256,6 +258,10 @@ DIRTY_BOUND = 8 << 20  # bytes written in place that are sent before the close
 CAPACITY_TTL = 1.0  # s: statfs answers with the server's disk figures at most this old
 UNMOUNT_WRITE_BACK = 30.0  # s: how long the way out waits for open files' unsent writes
 REFUSAL_LOG_INTERVAL = 10.0  # s: at most one warning per rule a refused name broke
+# Making a symlink, a hard link or a special file (mknod, mkfifo): EPERM, as a file
+# system without them answers (vfat), the same for each; not ENOSYS, which reached
+# programs as "Function not implemented" (but for LINK, which the kernel makes EPERM).
+NOT_PERMITTED = (Opcode.SYMLINK, Opcode.LINK, Opcode.MKNOD)
 DOT, DOT_DOT = b".", b".."  # the names every listing begins with
 DOTS = 2
 
@@ -1164,7 +1170,7 @@ async def mount(
         stack.callback(client.before_approval.remove, operations.before_approval)
         stack.push_async_callback(operations.write_back_all)  # before the unmount
         client.cache.max_bytes = cache_bytes  # its leases live there: never none
-        await session.serve(operations, task_status=task_status)
+        await session.serve(operations, not_permitted=NOT_PERMITTED, task_status=task_status)
 
 
 def check_mountpoint(mountpoint: str) -> None:

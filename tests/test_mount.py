@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -721,6 +722,22 @@ async def test_rename_flags_it_cannot_honour_are_refused(mnt, other):
             await on_mount(renameat2, mnt / "a", mnt / dst, flags)
         assert refused.value.errno == errno.EINVAL
     assert (await other.read("a"), await other.read("b")) == (b"a", b"b")
+
+
+async def test_links_and_special_files_are_not_permitted(mnt, other):
+    """Symlinks, hard links, FIFOs and device nodes all get EPERM, as on a file
+    system without them (vfat), not ENOSYS ("Function not implemented")."""
+    await other.write("target", b"t")
+    for call, args in [
+        (os.symlink, ("target", mnt / "sym")),
+        (os.link, (mnt / "target", mnt / "hard")),
+        (os.mkfifo, (mnt / "fifo",)),
+        (os.mknod, (mnt / "node", stat.S_IFCHR | 0o600, os.makedev(1, 3))),
+    ]:
+        with pytest.raises(OSError) as refused:
+            await on_mount(call, *args)
+        assert refused.value.errno == errno.EPERM, call
+    assert await other.listdir("") == ["target"]
 
 
 async def test_bad_names_are_refused_and_the_log_says_why(mnt, other, caplog):
