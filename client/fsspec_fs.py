@@ -771,6 +771,7 @@ _OS_ERRORS: dict[type[FscacheError], tuple[type[OSError], int]] = {
     errors.IsADirectory: (IsADirectoryError, errno.EISDIR),
     errors.NotADirectory: (NotADirectoryError, errno.ENOTDIR),
     errors.NotEmpty: (OSError, errno.ENOTEMPTY),
+    errors.NoSpace: (OSError, errno.ENOSPC),  # the server's disk is full
     errors.Exists: (FileExistsError, errno.EEXIST),
     errors.Conflict: (FileExistsError, errno.EEXIST),  # only exclusive creates name a version (0)
     errors.Unauthorized: (PermissionError, errno.EACCES),

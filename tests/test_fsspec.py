@@ -838,3 +838,12 @@ async def test_a_forked_child_reads_fresh_data_through_the_parents_file_system(a
             theirs.close()
 
     await with_fs(address, use_it)
+
+
+def test_a_full_disk_is_the_oserror_enospc() -> None:
+    """A write the server's full disk refused (``NoSpace``) reaches fsspec's callers
+    as ``OSError(ENOSPC)``, what a local file system raises, naming the path."""
+    with pytest.raises(OSError) as refused, fsspec_fs._os_errors("big.bin"):
+        raise errors.NoSpace("cannot upload 'big.bin': the store's disk is full")
+    assert (refused.value.errno, refused.value.filename) == (errno.ENOSPC, "big.bin")
+    assert isinstance(refused.value.__cause__, errors.NoSpace)
