@@ -382,7 +382,7 @@ def _at_least(least: float, kind: type[int] | type[float]) -> Callable[[str], fl
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fscache.bench.speed",
-        description=__doc__,
+        description=(__doc__ or "").replace("``", "").replace("**", ""),  # as plain text
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     whole, seconds = _at_least(1, int), _at_least(0.1, float)
