@@ -10,14 +10,15 @@ credentials refused by TLS (ours by the server, or the server's by us).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import re
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, TextIO, TypeVar
 
 from fscache.errors import BadPath, FscacheError, Unauthorized, Unavailable
 from fscache.settings import (
@@ -349,36 +350,37 @@ class OutputFailed(Exception):
     descriptor (``>&-``). (A reader that went away, ``| head``, is not a failure.)"""
 
 
-def _say(text: object) -> None:
-    """Print one line of a command's result to standard output, or raise
-    :class:`OutputFailed` (``print`` itself writes nothing, silently, when the
-    descriptor was closed before the start)."""
+@contextlib.contextmanager
+def _writing_stdout() -> Iterator[TextIO]:
+    """Standard output, for a command's result: :class:`OutputFailed` if it is closed
+    (``print`` would write nothing, silently) or if a write to it fails. A broken
+    pipe stays itself (``| head`` took what it wanted)."""
     if sys.stdout is None:
         raise OutputFailed("standard output is closed")
     try:
-        print(text)
+        yield sys.stdout
     except BrokenPipeError:
         raise
     except OSError as exc:
         raise OutputFailed(exc.strerror or str(exc)) from None
 
 
+def _say(text: object) -> None:
+    """Print one line of a command's result to standard output."""
+    with _writing_stdout() as out:
+        print(text, file=out)
+
+
 class _StdoutSink:
-    """Standard output's bytes, for a file read whole to it; raises
-    :class:`OutputFailed` as :func:`_say` does."""
+    """Standard output's bytes, for a file read whole to it."""
 
     def __init__(self) -> None:
-        if sys.stdout is None:
-            raise OutputFailed("standard output is closed")
-        self._buffer = sys.stdout.buffer
+        with _writing_stdout():  # a closed one is said before anything is asked
+            pass
 
     def write(self, data: bytes) -> int:
-        try:
-            return self._buffer.write(data)
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise OutputFailed(exc.strerror or str(exc)) from None
+        with _writing_stdout() as out:
+            return out.buffer.write(data)
 
     def seekable(self) -> bool:
         return False
@@ -386,12 +388,8 @@ class _StdoutSink:
 
 def _flush_stdout() -> None:
     if sys.stdout is not None:
-        try:
-            sys.stdout.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise OutputFailed(exc.strerror or str(exc)) from None
+        with _writing_stdout() as out:
+            out.flush()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
