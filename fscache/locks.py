@@ -199,6 +199,7 @@ class LockTable:
         self._free_ats: list[tuple[float, str]] = []  # heap; see "Cost" above
         # names held or waited for, in the order first asked for (a dict: ends in order)
         self._by_session: dict[HolderId, dict[str, None]] = {}
+        self._holding = 0  # names with a holder, expired or not (see "Cost" above)
         for record in records:
             state = self._names[record.name] = _Name(record.token, record.ttl)
             if record.held:
@@ -275,8 +276,19 @@ class LockTable:
         ]  # fmt: skip
 
     def held(self, now: float) -> int:
-        """How many names are held."""
-        return sum(1 for name in self._busy if self.holder(name, now) is not None)
+        """How many names are held: those with a holder, less those whose lock has
+        expired by ``now`` but is not yet ticked, found among the heap's due entries."""
+        free_ats, names = self._free_ats, self._names
+        expired: set[str] = set()  # a set: a renewal to the same instant files it twice
+        below = [0]  # the heap's entries due by now form a subtree at its root
+        while below:
+            i = below.pop()
+            if i < len(free_ats) and free_ats[i][0] <= now:
+                when, name = free_ats[i]
+                if self._is_due_entry(when, name) and names[name].holder is not None:
+                    expired.add(name)
+                below += (2 * i + 1, 2 * i + 2)
+        return self._holding - len(expired)
 
     # ------------------------------------------------------------ events
     def acquire(
@@ -415,6 +427,7 @@ class LockTable:
     def _free(self, name: str, state: _Name, now: float) -> list[Effect]:
         holder, state.holder = state.holder, None
         if holder is not None:
+            self._holding -= 1
             self._unindex(holder.session, name, state)
         state.expiry = state.free_at = -math.inf
         effects: list[Effect] = [Changed(name, state.token, None), Persist(name)]
@@ -428,6 +441,7 @@ class LockTable:
             state.token += 1
             state.ttl = waiter.ttl
             state.holder = Holder(waiter.session, waiter.identity, state.token)
+            self._holding += 1
             state.expiry = now + waiter.ttl
             self._free_at(name, state, state.expiry + self.skew)
             self.locks_granted += 1

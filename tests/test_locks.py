@@ -117,6 +117,20 @@ def test_renewal_moves_the_expiry_to_now_plus_ttl() -> None:
     assert locks.tick(4.0 + TTL + SKEW) == freed(1) + granted(2, B, 2)
 
 
+def test_held_counts_a_lock_until_expiry_plus_skew_whether_ticked_or_not() -> None:
+    locks = table()
+    locks.acquire(OpId(1), A, "x", TTL, "a", now=0.0)
+    locks.acquire(OpId(2), B, "y", TTL, "b", now=1.0)
+    assert locks.renew(A, "x", 1, now=0.0) == TTL  # the same instant filed twice
+    assert locks.held(just_before(TTL + SKEW)) == 2
+    assert locks.held(TTL + SKEW) == 1  # x expired, not yet ticked
+    assert locks.held(1.0 + TTL + SKEW) == 0
+    locks.tick(TTL + SKEW)
+    assert locks.held(TTL + SKEW) == 1
+    locks.release(B, "y", 1, now=2.0 + TTL)  # after its expiry too: no longer held
+    assert locks.held(2.0 + TTL) == 0
+
+
 def test_a_renewal_is_refused_for_another_session_an_old_token_or_a_dead_lock() -> None:
     locks = table()
     locks.acquire(OpId(1), A, "l", TTL, "a", now=0.0)

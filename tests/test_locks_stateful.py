@@ -27,7 +27,8 @@ The invariants are the rules of :mod:`fscache.locks`:
     come back and renew before its belief runs out;
 (h) the table's indexes agree with a scan of its names: ``next_deadline()`` is the
     earliest instant a held, held-back or waited-for name falls free, and each
-    session's names are exactly those it holds or waits for;
+    session's names are exactly those it holds or waits for, and ``held(t)`` counts
+    the names ``holder`` says are held at ``t``, now and after the next deadline;
 and, when the run ends and time is allowed to pass, every queued acquire is granted.
 """
 
@@ -250,6 +251,11 @@ class LockTableMachine(RuleBasedStateMachine):
                 involved.setdefault(session, set()).add(name)
         indexed = {session: set(names) for session, names in self.table._by_session.items()}
         assert indexed == involved, "(h) the names of each session"
+        deadline = self.table.next_deadline()
+        later = [] if deadline is None else [deadline, deadline + self.table.max_ttl]
+        for when in [self.now, *later]:  # later: locks expired and not yet ticked
+            held = sum(1 for name in names if self.table.holder(name, when) is not None)
+            assert self.table.held(when) == held, "(h) the count of names held"
 
     def teardown(self) -> None:
         """Let time pass: every acquire still queued is granted in the end."""
