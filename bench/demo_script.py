@@ -357,6 +357,8 @@ class CrashDemo:
             held = await self._read_during_wait(live[0], t0, expected, done)
             await done.wait()
         t1 = result["t1"]
+        if held is not None and held.t < t1:  # the two replies race: print in time order
+            self._report_held_read(live[0], held, expected)
         c.event(
             t1,
             "writer",
@@ -364,8 +366,8 @@ class CrashDemo:
             f" measured {c.rel(t1)} ({_ms(t1 - expected)})",
             "green",
         )
-        if held is not None:
-            await self._report_held_read(live[0], held, expected)
+        if held is not None and held.t >= t1:
+            self._report_held_read(live[0], held, expected)
 
         self.wait_measured = t1 - result["t0"]
         self.wait_expected = expected - result["t0"]
@@ -414,7 +416,7 @@ class CrashDemo:
         )
         return await reader.take_read(timeout=expected - now + self.tolerances.late + STEP_TIMEOUT)
 
-    async def _report_held_read(self, reader: Reader, read: Read, expected: float) -> None:
+    def _report_held_read(self, reader: Reader, read: Read, expected: float) -> None:
         fresh = read.data == generation_bytes(3).decode()
         self.c.event(
             read.t,

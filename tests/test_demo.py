@@ -68,6 +68,8 @@ def test_the_events_come_in_the_order_the_lease_rules_give() -> None:
     applied = first("writer     write applied after", write)
     final = first("reader 1   read generation 3", applied)
     assert killed < write < approved < applied < final
+    stamps = [float(line.split()[0]) for line in lines if line.lstrip().startswith("+")]
+    assert len(stamps) > 10 and stamps == sorted(stamps), "the timeline is printed in time order"
 
 
 def test_crash_demo_refuses_a_single_client() -> None:
