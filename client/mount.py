@@ -17,11 +17,13 @@ written (close-to-open consistency).
 
 - Attributes are returned with a timeout of the file lease's remaining time
   (:meth:`Client.lease_remaining`: the local expiry, which already has the skew
-  taken off), 0 without a lease, for directories and for a file with unflushed
-  writes. A name (the entry of a lookup or of READDIRPLUS) is kept for the longer
-  of that and what is left of the lease on its directory's listing: another
-  client's change of the directory's names waits for our approval, which drops
-  them from the kernel first, and our own changes the kernel makes itself.
+  taken off), 0 without a lease and for a file with unflushed writes. A
+  directory's are kept for the lease on its own listing (see "Directory
+  attributes"), 0 while the client holds none. A name (the entry of a lookup or
+  of READDIRPLUS) is kept for the longer of that and what is left of the lease on
+  its directory's listing: another client's change of the directory's names waits
+  for our approval, which drops them from the kernel first, and our own changes
+  the kernel makes itself.
 - Pages: files are opened without ``direct_io`` (so ``mmap`` works), with
   ``keep_cache`` only when the client holds a lease on the very version the
   kernel's pages hold (``_paged``); otherwise the kernel drops its pages at open.
@@ -83,6 +85,18 @@ makes the kernel drop only the file's attributes (their mtime is the old
 version's): the kernel may be holding the directory (a rename) or the file (a
 truncate, a write) for the request being answered, and dropping a name waits for
 the directory's lock. The pages it keeps are the ones just written.
+
+Directory attributes. A directory's attributes are its kind and its version (the
+mtime); a getattr of a directory whose listing the client holds under a lease is
+answered from that listing, and the kernel keeps it for the rest of that lease, so
+a second ``find`` or ``du`` of a tree asks the server nothing about its
+directories. The lease covers what a directory's mtime means in POSIX, its
+names: a change of them by another client waits for our approval, which drops
+the directory's attributes from the kernel with its names, and the kernel drops
+them itself after our own create, unlink, rename, mkdir or rmdir in it. The store
+moves a directory's mtime on a write of a file in it too (the write's temp file
+comes and goes); that the mount shows at the end of the lease, as a local file
+system shows no change of a directory's mtime when a file in it is rewritten.
 
 A name the server would refuse gets EINVAL: one that begins with ``.fscache``
 (in any case: reserved for the server's own state and temp files), one that is
@@ -501,11 +515,22 @@ class FscacheOperations:
             size = os.fstat(open_file.spool.fileno()).st_size
             return StatResult(path, open_file.modified_ns, size, False)
         leased = self._client.leased(path)  # the lease keeps size and version current too
+        if leased is None and open_file is None:
+            return self._listed_directory(path)
         if leased is not None and open_file is not None and open_file.ranges:
             return StatResult(
                 path, open_file.modified_ns, max(leased.size, open_file.ranges.end), False
             )
         return leased
+
+    def _listed_directory(self, path: str) -> StatResult | None:
+        """``path`` as a directory whose listing the client holds under a lease: its
+        version (mtime) as of that listing (see "Directory attributes")."""
+        key = dir_key(path)
+        listing = self._client.cache.get_listing(key)
+        if listing is None or self._client.lease_remaining(key) <= 0:
+            return None
+        return StatResult(path, listing.version, 0, True)
 
     async def _stat(self, path: str) -> StatResult:
         """What ``path`` looks like from this mount: unflushed writes, a leased cache
@@ -542,8 +567,14 @@ class FscacheOperations:
 
     def _kernel_term(self, inode: int, st: StatResult) -> float:
         """How long the kernel may keep ``st``: what is left of the lease on exactly
-        this version; 0 for a directory, unflushed writes or no lease."""
-        if st.is_dir or (inode in self._open and self._open[inode].dirty):
+        this version (a directory's: on its listing); 0 for unflushed writes or no
+        lease."""
+        if st.is_dir:
+            listed = self._listed_directory(st.path)
+            if listed is None or listed.version != st.version:
+                return 0.0
+            return self._client.lease_remaining(dir_key(st.path))
+        if inode in self._open and self._open[inode].dirty:
             return 0.0
         leased = self._client.leased(st.path)
         if leased is None or leased.version != st.version:

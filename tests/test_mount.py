@@ -545,6 +545,33 @@ async def test_creates_in_a_big_directory_do_not_list_it_again_each(mnt, other, 
     assert len(await on_mount(os.listdir, mnt / "big")) == 300 + 50 + 1
 
 
+async def test_a_listed_tree_is_walked_again_without_asking_the_server(mnt, other, root):
+    """A directory's attributes are kept for the lease on its listing, so a second
+    walk (``find``, ``du``) asks nothing; another client's new name in one of them
+    shows at once, with the directory's new mtime."""
+    for sub in ("a/x", "a/y", "b/z", "c"):
+        (root / "tree" / sub).mkdir(parents=True)  # on disk: see the tests above
+
+    def walk() -> dict[str, int]:
+        return {
+            path: os.stat(path).st_mtime_ns
+            for path, dirs, _ in os.walk(mnt / "tree")
+            for path in [path, *(os.path.join(path, d) for d in dirs)]
+        }
+
+    first = await on_mount(walk)
+    assert len(first) == 7  # each stated twice: as a child, then as a path walked
+    before = (await other.server_stats())["messages_in"]
+    assert await on_mount(walk) == first
+    assert (await other.server_stats())["messages_in"] - before == 1  # the stats request
+
+    await other.write("tree/a/new", b"theirs")
+    version = (await other.stat("tree/a")).version
+    assert version != first[str(mnt / "tree" / "a")]
+    assert await on_mount(lambda: os.stat(mnt / "tree" / "a").st_mtime_ns) == version
+    assert "new" in await on_mount(os.listdir, mnt / "tree" / "a")
+
+
 async def test_directories_live_on_the_server_with_posix_errnos(mnt, other):
     await on_mount(os.makedirs, mnt / "new" / "sub")
     assert await other.scandir("new") == [fscache.client.client.DirEntry("sub", True, 0, ANY)]
