@@ -90,7 +90,10 @@ Directory attributes. A directory's attributes are its kind and its version (the
 mtime); a getattr of a directory whose listing the client holds under a lease is
 answered from that listing, and the kernel keeps it for the rest of that lease, so
 a second ``find`` or ``du`` of a tree asks the server nothing about its
-directories. The lease covers what a directory's mtime means in POSIX, its
+directories. A getattr of a directory the kernel has open for reading and whose
+listing the client lacks (``find`` opens a directory, then ``fstat``s it, then
+reads it) lists it first, as the readdir that follows would, rather than ask for a
+stat and then the listing. The lease covers what a directory's mtime means in POSIX, its
 names: a change of them by another client waits for our approval, which drops
 the directory's attributes from the kernel with its names, and the kernel drops
 them itself after our own create, unlink, rename, mkdir or rmdir in it. The store
@@ -661,7 +664,14 @@ class FscacheOperations:
             size = os.fstat(open_file.spool.fileno()).st_size
             st = StatResult(open_file.path, open_file.modified_ns, size, False)
             return Entry(dataclasses.replace(self._attributes(inode, st).attributes, nlink=0), 0.0)
-        return self._attributes(inode, await self._stat(self._path(inode)))
+        path = self._path(inode)
+        if self._local(path) is None and any(path == of for of, _ in self._listings.values()):
+            # A directory open for reading (``find``: open, fstat, getdents): list it
+            # now, as its readdir will, and its leased listing answers this (and keeps
+            # it in the kernel), instead of a stat first.
+            with contextlib.suppress(FscacheError):  # (the stat below says why)
+                await self._scandir(path)
+        return self._attributes(inode, await self._stat(path))
 
     async def setattr(self, inode: int, size: int | None) -> Entry:
         with _errno_replies():

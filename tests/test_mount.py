@@ -547,8 +547,9 @@ async def test_creates_in_a_big_directory_do_not_list_it_again_each(mnt, other, 
 
 async def test_a_listed_tree_is_walked_again_without_asking_the_server(mnt, other, root):
     """A directory's attributes are kept for the lease on its listing, so a second
-    walk (``find``, ``du``) asks nothing; another client's new name in one of them
-    shows at once, with the directory's new mtime."""
+    walk (``find``, ``du``) asks nothing, and the first asks a directory open for
+    reading for its listing, not for a stat and then the listing; another client's
+    new name in one of them shows at once, with the directory's new mtime."""
     for sub in ("a/x", "a/y", "b/z", "c"):
         (root / "tree" / sub).mkdir(parents=True)  # on disk: see the tests above
 
@@ -559,8 +560,11 @@ async def test_a_listed_tree_is_walked_again_without_asking_the_server(mnt, othe
             for path in [path, *(os.path.join(path, d) for d in dirs)]
         }
 
+    before = (await other.server_stats())["messages_in"]
     first = await on_mount(walk)
     assert len(first) == 7  # each stated twice: as a child, then as a path walked
+    asked = (await other.server_stats())["messages_in"] - before - 1
+    assert asked <= 3 * 7 + 1  # two stats and a listing per directory (and the root's)
     before = (await other.server_stats())["messages_in"]
     assert await on_mount(walk) == first
     assert (await other.server_stats())["messages_in"] - before == 1  # the stats request
