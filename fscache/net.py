@@ -22,6 +22,7 @@ thousand idle connections cost one 64 KiB buffer, not ten thousand.
 from __future__ import annotations
 
 import os
+import select
 from typing import Protocol
 
 import trio
@@ -141,3 +142,29 @@ def wire_for(stream: trio.abc.Stream) -> Wire:
     if type(stream) is trio.SocketStream:
         return SocketWire(stream)
     return StreamWire(stream)
+
+
+def ready_now(wire: Wire, *, to_write: bool = False) -> bool:
+    """Whether the socket under ``wire`` has something to read this instant (bytes, or
+    its end), or with ``to_write`` room to write: a poll that does not wait. A server
+    that was itself paused (SIGSTOP, a stalled machine) asks this before it judges a
+    client by the time it last read from it or wrote to it: the client may have
+    spoken, or read, all along. False for a wire with no socket (in-memory tests)."""
+    fd = _fd_of(wire)
+    if fd is None:
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT if to_write else select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _fd_of(wire: Wire) -> int | None:
+    if isinstance(wire, SocketWire):
+        return None if wire.closed else wire.fd
+    stream = getattr(wire, "stream", None)
+    while stream is not None and not isinstance(stream, trio.SocketStream):
+        stream = getattr(stream, "transport_stream", None)  # TLS over a socket
+    if stream is None:
+        return None
+    fd = stream.socket.fileno()
+    return fd if fd >= 0 else None

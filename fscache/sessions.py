@@ -55,24 +55,41 @@ import heapq
 import hmac
 
 from fscache.leases import HolderId
-from fscache.settings import check_duration
+from fscache.settings import BadSetting, check_duration
 
 __all__ = [
     "MIN_TTL",
+    "SHORTEST_TTL",
     "Attached",
     "Expired",
     "Refused",
     "SessionTable",
+    "check_session_ttl",
     "default_ttl",
 ]
 
 MIN_TTL = 5.0  # seconds: even with short terms, a client has this long to come back
+SHORTEST_TTL = 1.0  # seconds: the least one may set (a client pings every third of it)
 
 
 def default_ttl(max_term: float, skew: float) -> float:
     """How long a detached session lives by default: its leases' longest life, at
     least :data:`MIN_TTL`."""
     return max(max_term + skew, MIN_TTL)
+
+
+def check_session_ttl(ttl: object) -> float:
+    """``ttl`` as a float if it may be a session TTL: at least :data:`SHORTEST_TTL`.
+    Shorter, a client holding ephemeral files would ping more often than three times
+    a second, and the server's silence check would spin (at 0: a session would be
+    silent at once, and its files deleted as soon as written)."""
+    value = check_duration("session_ttl", ttl)
+    if value < SHORTEST_TTL:
+        raise BadSetting(
+            f"session_ttl must be at least {SHORTEST_TTL:g} s (a client holding ephemeral"
+            f" files pings every third of it), not {ttl!r}"
+        )
+    return value
 
 
 # ---------------------------------------------------------------- results and effects
@@ -115,7 +132,7 @@ class _Session:
 
 class SessionTable:
     def __init__(self, *, ttl: float, prefix: str) -> None:
-        self.ttl = check_duration("session_ttl", ttl)
+        self.ttl = check_session_ttl(ttl)
         self.prefix = prefix
         self._sessions: dict[HolderId, _Session] = {}
         self._next_session = 0

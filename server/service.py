@@ -112,14 +112,14 @@ from fscache.leases import (
     TermPolicy,
     WriteCommitted,
 )
-from fscache.net import SocketWire, Wire, shown_address, wire_for
+from fscache.net import SocketWire, Wire, ready_now, shown_address, wire_for
 from fscache.paths import normalize, normalize_key
 from fscache.server.ephemeral import Nowhere, Ties
 from fscache.server.latency import Latencies
 from fscache.server.locks import LockService
 from fscache.server.logs import EVENTS, Throttle, event, loud_event, rare_event, wall_time
 from fscache.server.store import Facts, Store, Upload
-from fscache.sessions import Attached, SessionTable, default_ttl
+from fscache.sessions import Attached, SessionTable, check_session_ttl, default_ttl
 from fscache.settings import (
     CHUNK_SIZE,
     DEFAULT_HOST,
@@ -209,7 +209,7 @@ class ServerSettings:
         self.term = check_duration("term", self.term)
         self.skew = check_duration("skew", self.skew)
         if self.session_ttl is not None:
-            self.session_ttl = check_duration("session_ttl", self.session_ttl)
+            self.session_ttl = check_session_ttl(self.session_ttl)
         if not 0 <= self.port <= 65535:
             raise BadSetting(f"port must be 0..65535, not {self.port}")
         if self.hot_writes < 0:
@@ -1020,17 +1020,20 @@ class FileService:
                 )  # fmt: skip
 
     async def _watch_sends(self) -> None:
-        """Drop each connection whose send has not completed within send_timeout: its
-        peer stopped reading. One watchdog for the server, looking every quarter of
-        the timeout, rather than a cancel scope around every send or a task per
-        connection."""
+        """Drop each connection whose send has not completed within send_timeout and
+        whose socket has no room now: its peer stopped reading (room now: it read
+        while this server was paused, see :func:`fscache.net.ready_now`). One
+        watchdog for the server, looking every quarter of the timeout, rather than a
+        cancel scope around every send or a task per connection."""
         timeout = self.settings.send_timeout
         while True:
             await trio.sleep(timeout / 4)
             now = self._now()
             for connection in list(self.connections.values()):
                 started = connection.outbox.send_started
-                if started is not None and now - started >= timeout:
+                if started is None or now - started < timeout:
+                    continue
+                if not ready_now(connection.outbox.wire, to_write=True):  # (else it reads)
                     log.warning("%s stopped reading its replies; dropping it", connection.peer)
                     connection.drop(f"a send took over send_timeout ({timeout:g} s)")
 
@@ -1039,7 +1042,9 @@ class FileService:
         nothing for the session TTL (its client pings every third of it): its session
         is detached as of its last message, so it expires and its files go
         (:meth:`fscache.sessions.SessionTable.is_silent`). A look every quarter TTL,
-        at the sessions with files only."""
+        at the sessions with files only. A connection with bytes waiting to be read is
+        not silent, however long since this server last read it: the server may be the
+        one that was paused (:func:`fscache.net.ready_now`)."""
         sessions = self.sessions
         while True:
             await trio.sleep(sessions.ttl / 4)
@@ -1047,6 +1052,8 @@ class FileService:
             for holder in self.ephemeral.table.sessions():
                 connection = self.connections.get(holder)
                 if connection is None or not sessions.is_silent(connection.heard_at, now):
+                    continue
+                if ready_now(connection.outbox.wire):  # it spoke: we have not read it yet
                     continue
                 log.info(
                     "%s: silent for %.1f s holding ephemeral files; its session ends",

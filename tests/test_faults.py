@@ -210,14 +210,14 @@ class ServerChild:
 
 @contextlib.asynccontextmanager
 async def server_process(
-    root: Path, *, port: int = 0, term: float = TERM, skew: float = SKEW
+    root: Path, *options: str, port: int = 0, term: float = TERM, skew: float = SKEW
 ) -> AsyncIterator[ServerChild]:
     """``fscache serve`` in a child process; SIGKILLed on exit unless already dead."""
     root.mkdir(exist_ok=True)
     spawned_at = time.monotonic()
     async with child(
         "-m", "fscache", "serve", "--root", str(root), "--port", str(port),
-        "--term", str(term), "--skew", str(skew), "--hot-writes", "0",
+        "--term", str(term), "--skew", str(skew), "--hot-writes", "0", *options,
     ) as proc:  # fmt: skip
         line = await proc.readline()
         address = parse_serving_line(line)
@@ -838,3 +838,30 @@ async def test_a_writer_never_reads_its_old_copy_once_another_client_has_seen_th
     assert check_history(history) == [], check_history(history)[0].describe()
     assert seen_by_a == b"new"
     figures(f"ack {ack}", a_read_wait=a_end - a_start, write_wait=w_end - w_start)
+
+
+# ================================================================ server pause
+async def test_a_paused_server_ends_no_session_that_pinged_it_meanwhile(tmp_path: Path) -> None:
+    """The server is SIGSTOPped for longer than the session TTL while clients that
+    hold ephemeral files go on pinging it. When it resumes their pings are waiting in
+    its sockets: none of them is silent, and no file goes. (Their clients give a
+    connection up only after DEAD_AFTER without an answer, longer than the pause.)"""
+    ttl, pause = 1.0, 2.0
+    assert ttl * 1.25 < pause < DEAD_AFTER
+    async with (
+        server_process(tmp_path / "root", "--session-ttl", str(ttl)) as server,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        clients = [await stack.enter_async_context(open_client(LOCAL, server.port)) for _ in "abc"]
+        for i, client in enumerate(clients):
+            await client.write(f"reg/m{i}", b"addr", ephemeral=True)
+        await trio.sleep(ttl)  # each keep-alive has asked for the TTL and pings
+        server.child.process.send_signal(signal.SIGSTOP)
+        try:
+            await trio.sleep(pause)
+        finally:
+            server.child.process.send_signal(signal.SIGCONT)
+        await trio.sleep(ttl)  # four rounds of the server's silence watch
+        stats = await clients[0].server_stats()
+        assert await clients[0].listdir("reg") == ["m0", "m1", "m2"]
+        assert (stats["connections_dropped"], stats["sessions_expired"]) == (0, 0), stats

@@ -8,13 +8,22 @@ over random sequences of opens, resumes, detaches, goodbyes and time.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from fscache.leases import HolderId
-from fscache.sessions import MIN_TTL, Attached, Expired, Refused, SessionTable, default_ttl
+from fscache.sessions import (
+    MIN_TTL,
+    SHORTEST_TTL,
+    Attached,
+    Expired,
+    Refused,
+    SessionTable,
+    default_ttl,
+)
 from fscache.settings import BadSetting
 
 SECRET = b"s" * 16
@@ -59,6 +68,15 @@ def test_the_default_ttl_is_the_longest_lease_life_and_at_least_a_few_seconds() 
 def test_a_negative_ttl_is_refused_by_the_one_duration_check() -> None:
     with pytest.raises(BadSetting, match="session_ttl"):
         SessionTable(ttl=-1.0, prefix="e")
+
+
+@pytest.mark.parametrize("ttl", [0.0, 0.5, math.nextafter(SHORTEST_TTL, 0)])
+def test_a_ttl_under_a_second_is_refused(ttl: float) -> None:
+    """At 0 every session holding ephemeral files would be silent at once (the server
+    spun deleting them); under a second its client would ping too often."""
+    with pytest.raises(BadSetting, match="at least 1 s"):
+        SessionTable(ttl=ttl, prefix="e")
+    assert SessionTable(ttl=SHORTEST_TTL, prefix="e").ttl == 1.0
 
 
 def test_a_connection_silent_for_the_ttl_counts_as_lost() -> None:

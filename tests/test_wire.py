@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from fscache.net import SocketWire, StreamWire, wire_for
+from fscache.net import SocketWire, StreamWire, ready_now, wire_for
 from fscache.server.service import Outbox
 
 BIG = 32 << 20  # far more than a loopback socket buffers
@@ -46,6 +46,26 @@ async def test_plain_tcp_gets_the_socket_wire_and_other_streams_the_stream_wire(
         assert isinstance(wire_for(client), SocketWire)
     left, _ = trio.testing.memory_stream_pair()
     assert isinstance(wire_for(left), StreamWire)
+
+
+async def test_ready_now_says_whether_the_socket_has_bytes_or_room_this_instant():
+    client, server = await tcp_pair()
+    wire, stream_wire = SocketWire(server), StreamWire(server)  # the stream's socket too
+    assert not ready_now(wire) and not ready_now(stream_wire)
+    await client.send_all(b"ping")
+    with trio.fail_after(5):
+        while not ready_now(wire):  # (loopback delivers at once; a bound, not a wait)
+            await trio.sleep(0.001)
+    assert ready_now(stream_wire)
+    assert ready_now(wire, to_write=True)
+    while SocketWire(client).send_now(pattern(BIG, 2)):  # until the kernel takes nothing
+        pass
+    assert not ready_now(SocketWire(client), to_write=True)
+    left, _ = trio.testing.memory_stream_pair()
+    assert not ready_now(StreamWire(left))  # no socket: never ready
+    await wire.aclose()
+    assert not ready_now(wire)
+    await client.aclose()
 
 
 async def test_send_now_takes_what_fits_and_send_all_waits_for_the_rest():
