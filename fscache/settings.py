@@ -94,9 +94,13 @@ def check_lock_ttl(ttl: object, skew: float, max_ttl: float = MAX_LOCK_TTL) -> f
 def identity_problem(identity: str, what: str = "identity") -> str | None:
     """Why ``identity`` cannot name a lock's holder (or, ``what`` being
     ``client_id``, a client), or None: it must be 1..256 characters (an empty one
-    would read as "nobody leads")."""
+    would read as "nobody leads") with no control character or line break (it is
+    printed on one line, by ``fscache leader`` and in the server's log, and a
+    terminal would obey an escape in it)."""
     if not 1 <= len(identity) <= MAX_IDENTITY:
         return f"{what} must be 1..{MAX_IDENTITY} characters, not {len(identity)}"
+    if not all(ch.isprintable() or ch == " " for ch in identity):
+        return f"{what} must be printable on one line (no control character), not {identity!r}"
     return None
 
 

@@ -183,6 +183,9 @@ async def test_a_client_id_the_server_would_refuse_is_refused_before_connecting(
         ):
             async with cluster.client(bad):
                 pass
+    with pytest.raises(BadSetting, match="client_id must be printable on one line"):
+        async with cluster.client("two\nlines"):
+            pass
     assert cluster.service.counters.connections_total == connections  # none was tried
 
 
@@ -227,6 +230,8 @@ async def test_arguments_the_server_would_refuse_are_refused_before_they_are_sen
                  lambda: c.leadership("m", identity="").__aenter__()),
                 (BadSetting, r"identity must be 1\.\.256 characters, not 257",
                  lambda: c.acquire("m", 5.0, identity="x" * 257)),
+                (BadSetting, "identity must be printable on one line",
+                 lambda: c.acquire("m", 5.0, identity="a\nb")),
                 (fscache.TooLarge, "lock_query: a frame of .* over the server's frame limit",
                  lambda: query_by_hand(c, "x" * (p.DEFAULT_MAX_FRAME + 1))),
                 (BadSetting, r"size must be 0..2\*\*63-1", lambda: c.truncate("f", 2**63)),

@@ -526,17 +526,26 @@ async def test_a_grant_given_up_before_its_record_is_on_disk_is_released_not_sen
         assert (await c.acquire("l", TTL, timeout=0)).token == 3
 
 
-@pytest.mark.parametrize("identity", ["", "x" * 257])
-async def test_an_identity_sent_empty_or_too_long_is_refused_by_the_server(
-    cluster: Cluster, autojump_clock: trio.testing.MockClock, identity: str
+@pytest.mark.parametrize(
+    ("identity", "why"),
+    [
+        ("", "identity must be 1..256 characters"),
+        ("x" * 257, "identity must be 1..256 characters"),
+        ("evil\nnobody holds 'l'", "identity must be printable on one line"),
+        ("\x1b[31mred", "identity must be printable on one line"),
+    ],
+)
+async def test_an_identity_sent_empty_too_long_or_unprintable_is_refused_by_the_server(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock, identity: str, why: str
 ) -> None:
     """The clients refuse it before sending (an empty one would read as "nobody
-    leads"); a peer that sends it anyway is answered with a protocol error."""
+    leads", a line break or an escape would forge or colour ``fscache leader``'s one
+    line); a peer that sends it anyway is answered with a protocol error."""
     raw = await cluster.raw("raw")
     await raw.send(p.Acquire(id=1, name="l", ttl=TTL, identity=identity, wait=False))
     reply = await raw.receive()
     assert isinstance(reply, p.Error) and reply.code == fscache.ProtocolError.code
-    assert "identity must be 1..256 characters" in reply.message
+    assert why in reply.message
     await raw.close()
     async with cluster.client("a") as a:
         assert await a.leader("l") is None
