@@ -521,14 +521,25 @@ def _serve_options(
     return args
 
 
+_WHOLE_NUMBER_LIMIT = 2**64  # what the protocol carries (CBOR's own integers)
+
+
+def _whole_number(text: str, least: int) -> int | None:
+    """``text`` as a whole number from ``least`` up to what the protocol carries,
+    written in ASCII digits (``int`` would also take ``٢`` or ``1_0``); else None."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    number = int(text)
+    return number if least <= number < _WHOLE_NUMBER_LIMIT else None
+
+
 def _file_version(text: str) -> int:
     """``--if-version``'s VERSION: a whole number, 0 or more (bad usage otherwise)."""
-    try:
-        version = int(text)
-    except ValueError:
-        version = -1
-    if version < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a version (a whole number, 0 or more)")
+    version = _whole_number(text, 0)
+    if version is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a version (a whole number, 0 to 2**64-1)"
+        )
     return version
 
 
@@ -734,12 +745,20 @@ def _leader(args: argparse.Namespace) -> int:
 
 def _fence(text: str) -> tuple[str, int]:
     """``--fence NAME:TOKEN``: a lock's name and a fencing token (bad usage otherwise)."""
-    name, colon, token = text.rpartition(":")
-    if not colon or not name or not token.isdigit() or int(token) < 1:
+    from fscache.errors import BadPath
+    from fscache.paths import normalize
+
+    name, colon, token_text = text.rpartition(":")
+    token = _whole_number(token_text, 1)
+    if not colon or not name or token is None:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not NAME:TOKEN (a lock's name, a token of 1 or more)"
+            f"{text!r} is not NAME:TOKEN (a lock's name, a token of 1 to 2**64-1)"
         )
-    return name, int(token)
+    try:
+        normalize(name)  # a lock's name follows the path rules
+    except BadPath as exc:
+        raise argparse.ArgumentTypeError(f"the lock name {name!r} is not valid: {exc}") from None
+    return name, token
 
 
 def _mkdir(args: argparse.Namespace) -> int:

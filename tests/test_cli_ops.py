@@ -160,9 +160,15 @@ def test_leader_names_a_locks_holder_and_fence_guards_write_rm_and_mv(served):  
         with c.lock("jobs/leader", 30):  # a newer token: the old one is refused
             refused = fscache_command("rm", served, "h", "--fence", fence)
             assert refused.returncode == 1 and refused.stderr.startswith(b"fscache: Conflict: ")
-    for bad in ("jobs/leader", "jobs/leader:", ":3", "jobs/leader:0", "jobs/leader:x"):
+    for bad in (
+        "jobs/leader", "jobs/leader:", ":3", "jobs/leader:0", "jobs/leader:x",
+        "jobs/leader:\u0662", f"jobs/leader:{2**64}",
+    ):  # fmt: skip
         usage = fscache_command("write", served, "f", "-", "--fence", bad)
         assert usage.returncode == 2 and b"NAME:TOKEN" in usage.stderr
+    usage = fscache_command("rm", served, "f", "--fence", "/abs:2")  # the name, not the path
+    assert usage.returncode == 2
+    assert b"--fence: the lock name '/abs' is not valid: path must be relative" in usage.stderr
 
 
 @pytest.mark.parametrize("command", [["read", "f"], ["ls"], ["stats"]])
@@ -184,11 +190,17 @@ def test_output_that_cannot_be_written_is_one_line_and_exit_1(served, command): 
     )  # fmt: skip
 
 
-def test_a_negative_if_version_is_bad_usage_before_anything_is_sent(served):  # noqa: F811
+@pytest.mark.parametrize("version", ["-5", "\u0662", "1_0", str(2**64)])
+def test_an_if_version_out_of_range_is_bad_usage_before_anything_is_sent(
+    served,  # noqa: F811
+    version,
+):
     for command in (["write", served, "f", "-"], ["rm", served, "f"]):
-        done = fscache_command(*command[:1], "--if-version", "-5", *command[1:])
+        done = fscache_command(*command[:1], "--if-version", version, *command[1:])
         assert done.returncode == 2
-        assert b"'-5' is not a version (a whole number, 0 or more)" in done.stderr
+        assert f"{version!r} is not a version (a whole number, 0 to 2**64-1)" in (
+            done.stderr.decode()
+        )
 
 
 def test_a_ctrl_c_while_the_arguments_are_read_is_one_line_and_130(monkeypatch, capsys):
