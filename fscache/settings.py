@@ -36,6 +36,7 @@ LISTING_PAGE_ENTRIES = 4096  # names in one listing page (a scandir page stats e
 LISTING_PAGE_BYTES = 1024 * 1024  # bytes of names in one listing page
 DEFAULT_LOCK_TTL = 10.0  # seconds: a lock's ttl when none is given (the lease term's)
 MAX_LOCK_TTL = 300.0  # seconds: a lock's longest ttl, and so a restarted server's longest hold
+MAX_TERM = 86400.0  # seconds: the longest lease term (and skew) a server takes; a day
 MAX_IDENTITY = 256  # characters of a lock holder's identity (as of a client_id)
 
 

@@ -137,6 +137,7 @@ from fscache.settings import (
     MAX_PATHS,
     MAX_PENDING_WRITE_BYTES,
     MAX_PENDING_WRITE_BYTES_TOTAL,
+    MAX_TERM,
     SEND_TIMEOUT,
     BadSetting,
     check_duration,
@@ -208,6 +209,9 @@ class ServerSettings:
         self.host = check_host("host", self.host)
         self.term = check_duration("term", self.term)
         self.skew = check_duration("skew", self.skew)
+        for name, value in (("term", self.term), ("skew", self.skew)):
+            if value > MAX_TERM:  # (and so is a restart window)
+                raise BadSetting(f"{name} must be at most {MAX_TERM:g} s, not {value:g}")
         if self.session_ttl is not None:
             self.session_ttl = check_session_ttl(self.session_ttl)
         if not 0 <= self.port <= 65535:
@@ -265,15 +269,30 @@ def begin_incarnation(store: Store, max_term: float, skew: float) -> float:
     A fresh root (never served) and a root whose last server stopped cleanly with
     no live leases need no window. Otherwise leases granted by the previous
     incarnation may still be live: hold writes for the larger of its and our
-    ``max_term + skew``.
+    ``max_term + skew``, and of the window it owed itself (``owed``). That one
+    matters when a server is restarted, and stops again, within the window of a
+    server with a longer term: the leases of that one may still be live, whatever
+    the term of the one between. So the record keeps what this incarnation owes
+    until its window is over (:func:`close_restart_window`).
+
+    A record that cannot be read, or holds a field that is not a number of seconds,
+    counts as a crash with our term; a field over :data:`MAX_TERM` counts as that
+    (no server takes a longer term, and a window longer than the calendar would
+    keep the root from being served again).
     """
     previous = _load_incarnation(store)
     window = 0.0
     if previous is not None and not previous.get("clean", False):
-        held = float(previous.get("max_term", max_term)) + float(previous.get("skew", skew))
-        window = max(held, max_term + skew)
-    _save_incarnation(store, max_term=max_term, skew=skew, clean=False)
+        held = _seconds(previous, "max_term", max_term) + _seconds(previous, "skew", skew)
+        window = max(held, _seconds(previous, "owed", 0.0), max_term + skew)
+    _save_incarnation(store, max_term=max_term, skew=skew, clean=False, owed=window)
     return window
+
+
+def close_restart_window(store: Store, max_term: float, skew: float) -> None:
+    """Our restart window is over: no lease of an earlier incarnation is live, so the
+    next start owes only ours."""
+    _save_incarnation(store, max_term=max_term, skew=skew, clean=False)
 
 
 def end_incarnation_cleanly(store: Store, max_term: float, skew: float) -> None:
@@ -291,6 +310,17 @@ def _load_incarnation(store: Store) -> dict[str, Any] | None:
     except ValueError:
         record = None
     return record if isinstance(record, dict) else {}
+
+
+def _seconds(record: dict[str, Any], field: str, otherwise: float) -> float:
+    """``record[field]`` as seconds, at most :data:`MAX_TERM`; ``otherwise`` if it is
+    missing or not a finite number >= 0."""
+    value = record.get(field)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return otherwise
+    if not math.isfinite(value) or value < 0:
+        return otherwise
+    return min(float(value), MAX_TERM)
 
 
 def _save_incarnation(store: Store, **record: float | bool) -> None:
@@ -692,7 +722,15 @@ class FileService:
             self._delete_tied(self.ephemeral.recover(self._now()))
             nursery.start_soon(self._watch_sends)
             nursery.start_soon(self._watch_silence)
+            if self.restart_window > 0:
+                nursery.start_soon(self._close_restart_window)
             task_status.started()
+
+    async def _close_restart_window(self) -> None:
+        """At the end of the restart window, record that the next start owes only our
+        own window (:func:`begin_incarnation`)."""
+        await trio.sleep_until(self.table.hold_writes_until)
+        close_restart_window(self.store, self.policy.max_term, self.settings.skew)
 
     async def _accept(
         self, listeners: list[trio.SocketListener], ssl_context: ssl.SSLContext | None

@@ -18,6 +18,7 @@ import fscache
 from fscache import protocol as p
 from fscache.errors import FscacheError
 from fscache.server.service import INCARNATION_FILE, Counters, ServerSettings, serve
+from fscache.settings import MAX_TERM
 
 from .harness import Cluster
 
@@ -319,6 +320,49 @@ async def test_a_clean_stop_inside_the_restart_window_leaves_the_window_to_the_n
     assert third.service.stopped_cleanly  # type: ignore[union-attr]
     fourth = Cluster(nursery, root, term=TERM, skew=SKEW)
     assert (await fourth.start()).restart_window == 0
+
+
+async def test_a_restart_inside_a_longer_terms_window_passes_that_window_on(
+    nursery, root, autojump_clock
+):
+    """A server with a 30 s term crashes; the next, with a 1 s term, owes its window
+    30.1 s and crashes inside it; the third still owes the first one's leases their
+    time, whatever the second one's term. Once a window is over, only the term of the
+    server that crashed counts."""
+    long_term, short_term = 30.0, 1.0
+    await Cluster(nursery, root, term=long_term, skew=SKEW).start()  # then "crashes"
+    second = await Cluster(nursery, root, term=short_term, skew=SKEW).start()
+    assert second.restart_window == at(long_term + SKEW)
+    await trio.sleep(short_term)  # then the second crashes, inside its window
+    third = await Cluster(nursery, root, term=short_term, skew=SKEW).start()
+    assert third.restart_window == at(long_term + SKEW)
+    await trio.sleep(long_term + SKEW)  # the third outlives its window, then crashes
+    fourth = await Cluster(nursery, root, term=short_term, skew=SKEW).start()
+    assert fourth.restart_window == at(short_term + SKEW)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        b'{"max_term": "x", "skew": 0.1, "clean": false}',
+        b'{"max_term": null, "skew": 0.1, "clean": false}',
+        b'{"max_term": Infinity, "skew": 0.1, "clean": false}',
+        b'{"max_term": -5, "skew": true, "clean": false}',
+        b'{"max_term": 1e12, "skew": 0.1, "clean": false}',
+        b"[1, 2]",
+    ],
+)
+async def test_a_damaged_incarnation_record_counts_as_a_crash_with_a_bounded_window(
+    nursery, root, autojump_clock, record
+):
+    """A field that is not a number of seconds counts as our own; one past the
+    longest term a server takes counts as that (a window past the calendar kept the
+    root from ever being served again)."""
+    (await Cluster(nursery, root, term=TERM, skew=SKEW).start()).store.save_state(
+        INCARNATION_FILE, record
+    )
+    window = (await Cluster(nursery, root, term=2.0, skew=SKEW).start()).restart_window
+    assert window == at(MAX_TERM + SKEW if b"1e12" in record else 2.0 + SKEW)
 
 
 async def test_a_start_that_fails_leaves_the_record_as_it_found_it(root, autojump_clock):
