@@ -603,48 +603,58 @@ def _serve(args: argparse.Namespace) -> int:
     # events; stdout keeps the lines tools read at start (the serving line first).
     json_log = args.log_format == "json"
 
+    def tell(line: str) -> None:
+        """One of the lines tools read from stdout at start: if it cannot be written,
+        the start fails (:class:`OutputFailed`; a broken pipe stays itself)."""
+        with _writing_stdout() as out:
+            print(line, file=out, flush=True)
+
+    def tell_if_heard(line: str) -> None:
+        """A line of the stop: its reader may have gone (the stop goes on regardless)."""
+        with contextlib.suppress(OSError, OutputFailed):
+            tell(line)
+
     async def run() -> None:
         async with trio.open_nursery() as nursery:
             service = await nursery.start(serve, settings)
-            metrics = None
-            if args.metrics_port is not None:  # up before the server says it serves
-                try:
+            try:
+                metrics = None
+                if args.metrics_port is not None:  # up before the server says it serves
                     metrics = await nursery.start(
                         serve_metrics, service, args.metrics_host, args.metrics_port
                     )
-                except BaseException:
-                    service.shutdown()  # it served nothing yet
-                    raise
-            window = service.restart_window
-            print(
-                f"fscache serving {root} on {shown_address(service.host, service.port)}"
-                f" (term {args.term:g} s, skew {args.skew:g} s, epoch {service.epoch}"
-                f"{', TLS' if args.tls else ''})",
-                flush=True,
-            )
-            if window > 0:
-                print(f"restart window: writes held for {window:g} s", flush=True)
-            if metrics is not None:
-                host, port = metrics
-                print(f"metrics at http://{shown_address(host, port)}/metrics", flush=True)
+                window = service.restart_window
+                tell(
+                    f"fscache serving {root} on {shown_address(service.host, service.port)}"
+                    f" (term {args.term:g} s, skew {args.skew:g} s, epoch {service.epoch}"
+                    f"{', TLS' if args.tls else ''})"
+                )
+                if window > 0:
+                    tell(f"restart window: writes held for {window:g} s")
+                if metrics is not None:
+                    host, port = metrics
+                    tell(f"metrics at http://{shown_address(host, port)}/metrics")
+            except BaseException:
+                service.shutdown()  # it served nothing yet
+                raise
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
                     name = signal.Signals(signum).name
-                    if json_log:
-                        event("shutdown", "%s: shutting down", name, signal=name)
-                    else:
-                        print(f"{name}: shutting down", flush=True)
                     break
+            # Recorded first: telling it must not keep a clean stop from being one.
             live = service.shutdown()
             window = 0.0 if service.stopped_cleanly else service.policy.max_term + args.skew
             why = f"{live} lease(s) still live" if live else "writes still held or waiting"
             if json_log:
+                event("shutdown", "%s: shutting down", name, signal=name)
                 event(
                     "stopped", "stopped %s", "cleanly" if window == 0 else f"({why})",
                     clean=window == 0, leases_live=live, next_restart_window_s=window,
                 )  # fmt: skip
-            elif window:
-                print(f"{why}: the next start holds writes for at least {window:g} s", flush=True)
+            else:
+                tell_if_heard(f"{name}: shutting down")
+                if window:
+                    tell_if_heard(f"{why}: the next start holds writes for at least {window:g} s")
             nursery.cancel_scope.cancel()
 
     trio.run(run)

@@ -271,6 +271,36 @@ def test_the_command_line_round_trip(served, tmp_path):
     assert stats["writes"] == 2
 
 
+def test_serve_with_stdout_full_fails_in_one_line_and_needs_no_window_after(root):
+    """The serving line is what tools wait for: if stdout takes nothing, the start
+    fails, said in one line, and records the stop as clean (it served nothing)."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0"],
+            stdout=full, stderr=subprocess.PIPE, timeout=60,
+        )  # fmt: skip
+    said = done.stderr.decode().splitlines()  # after the log's "limits: ..." line
+    assert (done.returncode, said[-1]) == (
+        1, "fscache: cannot write to standard output: No space left on device",
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr.decode()
+    assert json.loads((root / ".fscache" / "incarnation.json").read_text())["clean"] is True
+
+
+def test_a_stop_whose_stdout_reader_has_gone_is_still_recorded_clean(root):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert parse_serving_line(process.stdout.readline().decode()) is not None
+    process.stdout.close()  # the reader goes: the stop's lines meet a broken pipe
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+    assert b"Traceback" not in process.stderr.read()  # (the log's start line only)
+    process.stderr.close()
+    assert json.loads((root / ".fscache" / "incarnation.json").read_text())["clean"] is True
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
