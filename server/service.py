@@ -694,8 +694,9 @@ class FileService:
         self.host, self.port = listeners[0].socket.getsockname()[:2]
         if ssl_context is None and not all(_is_loopback(lst) for lst in listeners):
             log.warning(
-                "serving plain TCP on %s:%s, beyond this machine: anyone who can reach it"
-                " reads and writes as %r; use --tls", self.host, self.port, ANONYMOUS,
+                "serving plain TCP on %s, beyond this machine: anyone who can reach it"
+                " reads and writes as %r; use --tls", shown_address(self.host, self.port),
+                ANONYMOUS,
             )  # fmt: skip
         if self.restart_window > 0:
             wall = time.time()
@@ -1676,7 +1677,8 @@ class FileService:
             return
         asked = [e.holder for e in effects if isinstance(e, SendApprovalRequest) and e.write == op]
         window = self.table.hold_writes_until - self._now()
-        cause = "approvals" if asked else "restart window" if window > 0 else "an earlier write"
+        # The window holds it at least that long, whatever the holders asked answer.
+        cause = "restart window" if window > 0 else "approvals" if asked else "an earlier write"
         event(
             "write_delayed", "write of %s waits for %s", path, cause, path=path, cause=cause,
             asked=sorted(set(asked)), restart_window_s=round(max(window, 0.0), 3),

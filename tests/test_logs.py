@@ -221,6 +221,42 @@ async def test_the_waited_out_lease_is_logged_with_the_exact_wait(
     assert expired[0]["waited_s"] == round(applied - arrived, 3) == 8.1
 
 
+async def test_a_write_held_by_the_restart_window_names_it_though_holders_were_asked(
+    nursery: trio.Nursery, root: Path, autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=EVENTS.name)
+    await Cluster(nursery, root, term=10.0, skew=SKEW).start()  # then "crashes"
+    cluster = Cluster(nursery, root, term=10.0, skew=SKEW)
+    assert (await cluster.start()).restart_window > 0
+    (root / "g").write_bytes(b"v1")
+    async with cluster.client("reader") as reader, cluster.client("writer") as writer:
+        await reader.read("g")  # reads are served at once
+        await writer.write("g", b"v2")  # the reader approves at once; the window holds on
+
+    logged = [vars(r)["fields"] for r in caplog.records if vars(r).get("event") == "write_delayed"]
+    assert [fields["cause"] for fields in logged] == ["restart window"]
+    assert logged[0]["asked"] and logged[0]["restart_window_s"] > 0
+
+
+def test_a_ctrl_c_before_the_server_starts_is_json_too(root: Path) -> None:
+    """Interrupted while its settings are checked (before the server sets its log), a
+    JSON-logging serve still writes only JSON to stderr: the fatal event."""
+    script = (
+        "import sys, fscache.server.service as service\n"
+        "def interrupted(**settings): raise KeyboardInterrupt\n"
+        "service.ServerSettings = interrupted\n"
+        "from fscache.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    args = ("--root", str(root), "--port", "0", "--log-format", "json")
+    done = subprocess.run(
+        [sys.executable, "-c", script, "serve", *args], capture_output=True, timeout=60
+    )
+    lines = [json.loads(line) for line in done.stderr.decode().splitlines()]
+    assert done.returncode == 130
+    assert [(line["event"], line["error"]) for line in lines] == [("fatal", "interrupted")]
+
+
 def test_a_refused_tls_handshake_is_one_text_warning_a_second(root: Path, tmp_path: Path) -> None:
     """The default text log keeps events quiet, but for a refused TLS handshake: the
     operator's to fix. A peer retrying at once makes no more lines; the next line
