@@ -458,8 +458,14 @@ def _main(argv: list[str]) -> int:
 
 def _json_log(args: argparse.Namespace) -> bool:
     """Whether the command is ``serve --log-format json``: all it writes to stderr
-    is then one JSON object a line."""
-    return bool(args.command == "serve" and args.log_format == "json")
+    is then one JSON object a line, from the first record to the last. So this also
+    sets the log's format, for a failure (a Ctrl-C) before the server has."""
+    if not (args.command == "serve" and args.log_format == "json"):
+        return False
+    from fscache.server.logs import configure
+
+    configure("json", args.verbose)
+    return True
 
 
 def _failed(args: argparse.Namespace, what: str, code: int) -> int:
