@@ -49,6 +49,7 @@ import trio
 from fscache.cache import DEFAULT_MAX_BYTES, DirEntry
 from fscache.client.client import (
     _WHOLE,
+    CLOSED,
     Client,
     Fencing,
     Source,
@@ -70,7 +71,6 @@ T = TypeVar("T")
 # (giving back what it was granted takes a round trip; a dead server, no longer).
 INTERRUPTED_WAIT = 5.0
 
-CLOSED = "client is closed"
 FORKED = "client was made in the parent process before a fork: connect again in this one"
 IN_TRIO = (
     "a blocking client's calls block: from a trio task use fscache.open_client, or make"

@@ -43,6 +43,10 @@ answering pings while requests wait), every waiting request fails with
 task reconnects with jittered exponential backoff. The server re-sends approval requests
 we may have missed when we come back.
 
+The client's own tasks (the connection's, lock renewers, approval hooks) run in a
+nursery of their own (:func:`open_client`), which closing cancels: closing cancels
+nothing of its caller, and every call after it raises that the client is closed.
+
 Ephemeral files this client wrote are remembered (path and data) until it deletes
 or overwrites them otherwise; when a welcome says the session is a new one (the
 server restarted, or the old session expired), each is written again, ephemeral,
@@ -134,6 +138,8 @@ _WHOLE = 0
 
 
 _SHOWN_BYTES = 24  # of a peer that is no fscache server, in the error that says so
+
+CLOSED = "client is closed"
 
 
 def backoff_delay(failures: int) -> float:
@@ -495,6 +501,8 @@ class Client:
         self._relinquished: dict[str, int] = {}
         self._relinquish_wake = trio.Event()
         self._closing = False
+        # The client's own tasks (the connection's, renewers, hooks): closing cancels
+        # them, not the code that uses the client (see open_client).
         self._nursery: trio.Nursery | None = None
         # Awaited with the path of each approval request after its entry is dropped and
         # before the approval is sent, and with each evicted path before its lease is
@@ -1729,14 +1737,17 @@ class Client:
             self._link = None
         for request in list(link.waiting.values()):
             if not request.done:
-                request.error = self._unavailable("connection lost before the reply")
+                if self._closing:
+                    request.error = FscacheError(CLOSED)
+                else:
+                    request.error = self._unavailable("connection lost before the reply")
                 request.finish()
         link.waiting.clear()
 
     async def _current_link(self) -> _Link:
         """The live link; waits up to RECONNECT_WAIT for one, then Unavailable."""
         if self._closing:
-            raise FscacheError("client is closed")
+            raise FscacheError(CLOSED)
         link = self._link
         if link is not None and not link.broken:
             return link
@@ -1752,14 +1763,23 @@ class Client:
         return Unavailable(f"{self.address}: {why}")
 
     async def aclose(self) -> None:
-        """Say goodbye (the server releases our leases) and close."""
+        """Say goodbye (the server releases our leases and locks) and close: the
+        client's own tasks end, and every later call raises that the client is closed.
+        The goodbye is shielded (and given at most a second): a close from a body that
+        is being cancelled still says it. A call that waits for a reply meanwhile fails
+        with the same error as a later one; its caller is not cancelled."""
         if self._closing:
             return
         self._closing = True
+        self._lock_watches.closing()
         link = self._link
         self._cache.clear()
         if link is not None and not link.broken:
-            with trio.move_on_after(1.0), contextlib.suppress(Exception):
+            with (
+                trio.CancelScope(shield=True),
+                trio.move_on_after(1.0),
+                contextlib.suppress(Exception),
+            ):
                 await link.send(p.Goodbye())
             link.cancel.cancel()
         if self._nursery is not None:
@@ -1974,12 +1994,15 @@ async def open_client(
     first = await client._connect_once()
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
-        client._nursery = nursery
+        # The client's tasks run in a nursery of their own, which aclose cancels: the
+        # body runs outside it, so a client closed from inside the body does not
+        # cancel the body (its next call raises that the client is closed).
+        client._nursery = await nursery.start(_own_tasks)
         # epoch and connected are right at once, before _run serves the first connection
         # (it does so only once the body has begun: hooks it adds see every message)
         client.epoch = first[1].epoch
         client._first_pending = True
-        nursery.start_soon(client._run, first)
+        client._nursery.start_soon(client._run, first)
         try:
             yield client
         except BaseException as exc:  # re-raised below, outside the nursery: the
@@ -1989,6 +2012,13 @@ async def open_client(
                 await client.aclose()
     if body_error is not None:
         raise body_error
+
+
+async def _own_tasks(task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED) -> None:
+    """A nursery for a client's own tasks, open until its scope is cancelled."""
+    async with trio.open_nursery() as nursery:
+        task_status.started(nursery)
+        await trio.sleep_forever()
 
 
 __all__ = [

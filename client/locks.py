@@ -125,6 +125,8 @@ class Lock:
         self._renewer.cancel()
         client = self._client
         client._held_locks.discard((self.name, self.token))
+        if client._closing:  # its goodbye released it
+            return
         link = client._link
         if self.lost.is_set():
             if link is not None and not link.broken and client._nursery is not None:
@@ -408,6 +410,11 @@ class LockWatches:
         for watch in self._watches:
             watch._deliver(None)
 
+    def closing(self) -> None:
+        """The client is closing: wake every watch, whose subscribe raises that it is
+        closed (a watch would otherwise wait for ever for news that cannot come)."""
+        self.relinked()
+
 
 class LeaderWatch:
     """``async for identity in client.watch_leader(name)``: the identity leading
@@ -445,10 +452,10 @@ class LeaderWatch:
         self._closed = True
         self._arrived.set()
         client = self._client
-        if client._lock_watches.discard(self) and client._nursery is not None:
+        if client._lock_watches.discard(self) and not client._closing:
             link = client._link
-            if link is not None and not link.broken:  # (a new connection subscribes none)
-                client._nursery.start_soon(self._unsubscribe, link)
+            if link is not None and not link.broken and client._nursery is not None:
+                client._nursery.start_soon(self._unsubscribe, link)  # (a new link: none)
 
     async def _unsubscribe(self, link: _Link) -> None:
         with trio.move_on_after(RELEASE_WAIT), contextlib.suppress(FscacheError):
