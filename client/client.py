@@ -510,7 +510,7 @@ class Client:
         self.before_approval: list[Callable[[str], Awaitable[None]]] = []
         self._counters = ClientCounters()
         self._lock_watches = locks.LockWatches()
-        self._held_locks: set[tuple[str, int]] = set()  # (name, token) of our live locks
+        self._held_locks: dict[tuple[str, int], locks.Lock] = {}  # live locks by (name, token)
         self._ephemeral: dict[str, bytes] = {}  # path: data, written again in a new session
         self._ephemeral_held = trio.Event()  # set when _ephemeral may have become non-empty
         self._write_again = False  # a new session came; not all of _ephemeral written yet
@@ -1765,12 +1765,19 @@ class Client:
     async def aclose(self) -> None:
         """Say goodbye (the server releases our leases and locks) and close: the
         client's own tasks end, and every later call raises that the client is closed.
-        The goodbye is shielded (and given at most a second): a close from a body that
-        is being cancelled still says it. A call that waits for a reply meanwhile fails
+
+        The locks still held are lost from this instant (:attr:`Lock.lost` set,
+        :attr:`Lock.held` False), before the goodbye goes: once it has, another
+        client may be granted any of them. The body of an ``async with`` of one is
+        cancelled and the ``async with`` raises :class:`~fscache.errors.LockLost`, as
+        for any lost lock. The goodbye is sent even from such a body: it is shielded
+        (and given at most a second). A call that waits for a reply meanwhile fails
         with the same error as a later one; its caller is not cancelled."""
         if self._closing:
             return
         self._closing = True
+        for lock in list(self._held_locks.values()):
+            lock._lose(locks.CLOSED_WHY)
         self._lock_watches.closing()
         link = self._link
         self._cache.clear()

@@ -13,7 +13,9 @@ comes with no newer renewal answered (the server unreachable: Chubby's jeopardy)
 or the server refuses a renewal, the lock is lost: :attr:`Lock.lost` is set, and
 the body of ``async with client.lock(...)`` is cancelled and the ``async with``
 raises :class:`~fscache.errors.LockLost`, so no code after it runs believing it
-held the lock. A lost lock is never held again; acquire anew.
+held the lock. A lost lock is never held again; acquire anew. Closing the client
+loses each lock it holds, in the same way: its goodbye releases them all, so from
+the moment it closes (before the goodbye goes) none of them may be trusted.
 
 An acquire that waited in line is granted later than it was sent, and its send
 time would make the lock's trust run out early (or have run out already): one
@@ -76,6 +78,7 @@ class Fenced(Protocol):
 
 RELEASE_WAIT = 1.0  # seconds a release (or a cancelled acquire's clean-up) may take
 RENEW_RETRY = 0.1  # seconds between renewals tried while the connection is down
+CLOSED_WHY = ": the client was closed, and its goodbye released it"
 
 
 class Lock:
@@ -93,6 +96,7 @@ class Lock:
         self.ended = trio.Event()  # set when released or lost
         self._client = client
         self._released = False
+        self._why = ""  # how it was lost, when that is not a renewal's fault
         self._renewer = trio.CancelScope()
         self._body: trio.CancelScope | None = None  # an ``async with`` body to cancel
 
@@ -124,7 +128,7 @@ class Lock:
         self.ended.set()
         self._renewer.cancel()
         client = self._client
-        client._held_locks.discard((self.name, self.token))
+        client._held_locks.pop((self.name, self.token), None)
         if client._closing:  # its goodbye released it
             return
         link = client._link
@@ -158,13 +162,19 @@ class Lock:
     def raise_if_lost(self) -> None:
         """Raise :class:`LockLost` if the lock was lost while it was held."""
         if self.lost.is_set():
-            raise LockLost(f"lock {self.name!r} (token {self.token}) was lost while it was held")
+            raise LockLost(
+                f"lock {self.name!r} (token {self.token}) was lost while it was held{self._why}"
+            )
 
-    def _lose(self) -> None:
+    def _lose(self, why: str = "") -> None:
+        """The lock may be another's from now on: a renewal was refused or came too
+        late, or (``why`` says so) the client is closing and its goodbye releases it."""
         if not self.lost.is_set():
+            self._why = why
             self.lost.set()
             self.ended.set()
-            self._client._held_locks.discard((self.name, self.token))
+            self._renewer.cancel()
+            self._client._held_locks.pop((self.name, self.token), None)
             if self._body is not None:
                 self._body.cancel()
 
@@ -309,8 +319,12 @@ async def _take_up(
 
 
 def _hold(client: Client, lock: Lock) -> Lock:
-    """``lock`` is ours: known to the client, renewed until released or lost."""
-    client._held_locks.add((lock.name, lock.token))
+    """``lock`` is ours: known to the client, renewed until released or lost. (Granted
+    as the client closed: the goodbye released it, and it is lost already.)"""
+    if client._closing:
+        lock._lose(CLOSED_WHY)
+        lock.raise_if_lost()
+    client._held_locks[(lock.name, lock.token)] = lock
     assert client._nursery is not None
     client._nursery.start_soon(lock._renew_until_lost)
     return lock

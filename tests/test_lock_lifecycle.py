@@ -1,6 +1,9 @@
-"""A client's calls around its close (``docs/design.md``, "Client behaviour").
+"""A client's locks and calls around its close (``docs/design.md``, "Locks and
+fencing", "Client behaviour").
 
-Test rules: under ``autojump_clock`` over memory streams (``harness.py``).
+Test rules: the async tests run under ``autojump_clock`` over memory streams
+(``harness.py``). The blocking client uses real TCP on 127.0.0.1, port 0, with a
+server in this process, and asserts outcomes only.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import trio.testing
 
 import fscache
 from fscache.client.client import CLOSED
+from fscache.server.service import FileService, ServerSettings, serve
 
 from .harness import Cluster
 from .test_locks_service import SKEW, TTL
@@ -25,6 +29,12 @@ async def cluster(nursery: trio.Nursery, root: pathlib.Path) -> Cluster:
     cluster = Cluster(nursery, root, skew=SKEW)
     await cluster.start()
     return cluster
+
+
+@pytest.fixture
+async def server(nursery: trio.Nursery, root: pathlib.Path) -> FileService:
+    service: FileService = await nursery.start(serve, ServerSettings(root=str(root), port=0))
+    return service
 
 
 @contextlib.contextmanager
@@ -42,6 +52,37 @@ def no_cancelled_escapes() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- the async client
+async def test_a_closed_clients_locks_are_lost_as_its_goodbye_frees_them(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster.client("b") as b:
+        async with cluster.client("a") as a:
+            lock = await a.acquire("g/l6", TTL)
+            assert lock.held and not lock.lost.is_set()
+        assert not lock.held and lock.lost.is_set() and lock.ended.is_set()
+        with pytest.raises(fscache.LockLost, match="client was closed"):
+            lock.raise_if_lost()
+        taken = await b.acquire("g/l6", TTL, timeout=0)  # the goodbye released it
+        assert taken.token == lock.token + 1
+        await lock.release()  # nothing to give back: a no-op
+        assert await b.leader("g/l6") == b.client_id
+
+
+async def test_closing_the_client_in_a_lock_body_raises_lock_lost_not_cancelled(
+    cluster: Cluster, autojump_clock: trio.testing.MockClock
+) -> None:
+    ran_on = False
+    with no_cancelled_escapes(), pytest.raises(fscache.LockLost, match="client was closed"):
+        async with cluster.client("a") as a, a.lock("g/l5", 5) as held:
+            await a.aclose()
+            assert held.lost.is_set() and not held.held
+            await trio.sleep(0.5)  # cancelled: the lock is lost
+            ran_on = True
+    assert not ran_on
+    async with cluster.client("b") as b:
+        assert (await b.acquire("g/l5", TTL, timeout=0)).token == 2  # freed by the goodbye
+
+
 async def test_closing_the_client_cancels_nothing_of_its_caller(
     cluster: Cluster, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -101,3 +142,25 @@ async def close_while_waiting(
                 users.start_soon(wait, a)
             await trio.sleep(1.0)
             await a.aclose()
+
+
+# ---------------------------------------------------------------- the blocking client
+async def test_a_closed_blocking_clients_locks_are_lost(server: FileService) -> None:
+    address = f"127.0.0.1:{server.port}"
+
+    def use_it() -> None:
+        c = fscache.connect(address)
+        lock = c.acquire("g/l6", 30)
+        c.close()
+        assert (lock.held, lock.lost) == (False, True)
+        assert lock.wait_lost(0) is True
+        with fscache.connect(address) as other:
+            assert other.acquire("g/l6", 30, timeout=0).token == lock.token + 1
+            with (
+                pytest.raises(fscache.LockLost, match="client was closed"),
+                other.lock("g/l7", 30) as inner,
+            ):
+                other.close()
+            assert (inner.held, inner.lost) == (False, True)
+
+    await trio.to_thread.run_sync(use_it)

@@ -279,8 +279,12 @@ async def test_the_readmes_elected_worker_rides_out_an_outage_and_a_restart(
     exec(code, scope)
     cluster = Cluster(nursery, root, skew=SKEW)
     await cluster.start()
-    async with cluster.client("w") as w, cluster.client("o") as observer:
-        nursery.start_soon(scope["worker"], w, "w1")
+    async with (
+        cluster.client("w") as w,
+        cluster.client("o") as observer,
+        trio.open_nursery() as workers,  # (stopped before its client closes)
+    ):
+        workers.start_soon(scope["worker"], w, "w1")
         await trio.sleep(1.5)
         assert await observer.read("jobs/heartbeat") == b"w1"
         writes = (await observer.server_stats())["writes"]
@@ -302,6 +306,7 @@ async def test_the_readmes_elected_worker_rides_out_an_outage_and_a_restart(
         writes = (await observer.server_stats())["writes"]
         await trio.sleep(2.0)
         assert (await observer.server_stats())["writes"] >= writes + 2  # a beat a second
+        workers.cancel_scope.cancel()
 
 
 # ---------------------------------------------------------------- fencing
