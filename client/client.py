@@ -43,9 +43,12 @@ answering pings while requests wait), every waiting request fails with
 task reconnects with jittered exponential backoff. The server re-sends approval requests
 we may have missed when we come back.
 
-The client's own tasks (the connection's, lock renewers, approval hooks) run in a
-nursery of their own (:func:`open_client`), which closing cancels: closing cancels
-nothing of its caller, and every call after it raises that the client is closed.
+A client belongs to the trio run that opened it. A call from another run is
+refused (:meth:`Client._check_run`) where it would first send a request or wait on
+the client -- on a miss, never on a hit. The client's own tasks (the connection's,
+lock renewers, approval hooks) run in a nursery of their own (:func:`open_client`),
+which closing cancels: closing cancels nothing of its caller, and every call after
+it raises that the client is closed.
 
 Ephemeral files this client wrote are remembered (path and data) until it deletes
 or overwrites them otherwise; when a welcome says the session is a new one (the
@@ -140,6 +143,10 @@ _WHOLE = 0
 _SHOWN_BYTES = 24  # of a peer that is no fscache server, in the error that says so
 
 CLOSED = "client is closed"
+OTHER_RUN = (
+    "an async client belongs to the trio run that opened it: call it from that run's"
+    " tasks (from another thread, with trio.from_thread.run), or open a client in this one"
+)
 
 
 def backoff_delay(failures: int) -> float:
@@ -501,6 +508,10 @@ class Client:
         self._relinquished: dict[str, int] = {}
         self._relinquish_wake = trio.Event()
         self._closing = False
+        # The run the client lives in: its calls are refused from any other (_check_run).
+        self._trio_token = (
+            trio.lowlevel.current_trio_token() if trio.lowlevel.in_trio_run() else None
+        )
         # The client's own tasks (the connection's, renewers, hooks): closing cancels
         # them, not the code that uses the client (see open_client).
         self._nursery: trio.Nursery | None = None
@@ -1033,6 +1044,7 @@ class Client:
 
     # ------------------------------------------------------------ reads
     async def _read_miss(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        self._check_run()  # (before it may join another's read: see _current_link)
         normal = normalize(path)
         if normal != path:  # another spelling of a path that may be cached
             return await self.read(normal, offset=offset, length=length)
@@ -1745,7 +1757,11 @@ class Client:
         link.waiting.clear()
 
     async def _current_link(self) -> _Link:
-        """The live link; waits up to RECONNECT_WAIT for one, then Unavailable."""
+        """The live link; waits up to RECONNECT_WAIT for one, then Unavailable. Every
+        request but a read's passes here before it is sent, so this is where a call
+        from another trio run is refused (:meth:`_check_run`); a read is refused on
+        its miss, never on a hit."""
+        self._check_run()
         if self._closing:
             raise FscacheError(CLOSED)
         link = self._link
@@ -1757,6 +1773,18 @@ class Client:
                 await self._link_changed.wait()
             return self._link
         raise self._unavailable("not connected")
+
+    def _check_run(self) -> None:
+        """Refuse a call from a task of another trio run (or from no trio run at all):
+        the client's connection, events and tasks belong to the run that opened it,
+        and a request sent from another would wait for ever for a reply that run's
+        reader hands to nobody there."""
+        try:
+            token = trio.lowlevel.current_trio_token()
+        except RuntimeError:  # not in a trio run
+            token = None
+        if token is not self._trio_token:
+            raise FscacheError(OTHER_RUN)
 
     def _unavailable(self, why: str) -> Unavailable:
         self._counters.unavailable += 1
@@ -1773,6 +1801,7 @@ class Client:
         for any lost lock. The goodbye is sent even from such a body: it is shielded
         (and given at most a second). A call that waits for a reply meanwhile fails
         with the same error as a later one; its caller is not cancelled."""
+        self._check_run()
         if self._closing:
             return
         self._closing = True

@@ -122,12 +122,13 @@ class Lock:
         release is sent only if the connection is up (the server may still hold it,
         its lease not yet out there), in the background: nothing waits for it, and
         ``LockLost`` is not held up by a connection that no longer answers."""
+        client = self._client
+        client._check_run()
         if self._released:
             return
         self._released = True
         self.ended.set()
         self._renewer.cancel()
-        client = self._client
         client._held_locks.pop((self.name, self.token), None)
         if client._closing:  # its goodbye released it
             return
@@ -461,11 +462,12 @@ class LeaderWatch:
 
     async def aclose(self) -> None:
         """Stop: the iteration ends (a wait for the next change too). Idempotent."""
+        client = self._client
+        client._check_run()
         if self._closed:
             return
         self._closed = True
         self._arrived.set()
-        client = self._client
         if client._lock_watches.discard(self) and not client._closing:
             link = client._link
             if link is not None and not link.broken and client._nursery is not None:
@@ -476,6 +478,7 @@ class LeaderWatch:
             await self._client._call(link, lambda i: p.LockWatch(id=i, name=self.name, stop=True))
 
     async def __anext__(self) -> str | None:
+        self._client._check_run()
         while True:
             if self._closed:
                 raise StopAsyncIteration

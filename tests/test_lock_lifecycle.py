@@ -1,9 +1,10 @@
-"""A client's locks and calls around its close (``docs/design.md``, "Locks and
-fencing", "Client behaviour").
+"""A client's locks and calls around its close, and calls from the wrong trio run
+(``docs/design.md``, "Locks and fencing", "Client behaviour").
 
 Test rules: the async tests run under ``autojump_clock`` over memory streams
-(``harness.py``). The blocking client uses real TCP on 127.0.0.1, port 0, with a
-server in this process, and asserts outcomes only.
+(``harness.py``). The blocking client and the calls from a second trio run use real
+TCP on 127.0.0.1, port 0, with a server in this process; they assert outcomes only,
+and their one time limit (10 s) is there to end a call that would hang for ever.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from fscache.server.service import FileService, ServerSettings, serve
 
 from .harness import Cluster
 from .test_locks_service import SKEW, TTL
+
+HANG = 10.0  # s: long past any answer here; only a call that hangs reaches it
 
 
 @pytest.fixture
@@ -164,3 +167,39 @@ async def test_a_closed_blocking_clients_locks_are_lost(server: FileService) -> 
             assert (inner.held, inner.lost) == (False, True)
 
     await trio.to_thread.run_sync(use_it)
+
+
+# ---------------------------------------------------------------- another trio run
+async def test_an_async_client_refuses_calls_from_another_trio_run(server: FileService) -> None:
+    """Each call that would send a request (or wait on the client's events) from a
+    second trio run raises at once, touching nothing; a cache hit, a dict lookup,
+    is answered."""
+    async with fscache.open_client("127.0.0.1", server.port) as c:
+        lock = await c.acquire("t3/l", 30)
+        await c.write("t3/cached", b"hit")
+        assert await c.read("t3/cached") == b"hit"
+        refused: list[str] = []
+
+        async def from_there() -> None:
+            calls = {
+                "acquire": lambda: c.acquire("t3/m", 5, timeout=0),
+                "leader": lambda: c.leader("t3/m"),
+                "write": lambda: c.write("t3/f", b"x"),
+                "read": lambda: c.read("t3/missing"),
+                "release": lock.release,
+                "watch_leader": lambda: c.watch_leader("t3/m").__anext__(),
+                "aclose": c.aclose,
+            }
+            with trio.fail_after(HANG):
+                for name, call in calls.items():
+                    with pytest.raises(fscache.FscacheError, match="belongs to the trio run"):
+                        await call()
+                    refused.append(name)
+                assert await c.read("t3/cached") == b"hit"
+
+        await trio.to_thread.run_sync(trio.run, from_there)
+        assert len(refused) == 7
+        assert lock.held and not lock.lost.is_set()  # the refused release did nothing
+        assert await c.leader("t3/l") == c.client_id
+        await lock.release()
+        assert await c.leader("t3/l") is None
