@@ -602,11 +602,14 @@ class Client:
         (or its ``(name, token)``) whose token must still be the newest when the write
         is applied, else :class:`Conflict` (so for every change below).
 
-        ``ephemeral``: the file lives as long as this client's session (bytes only, no
-        ``offset``). The client keeps ``data`` and writes it again, ephemeral, whenever
-        it is given a new session (the server restarted, or the old session expired),
-        so the file lasts as long as this client, until it deletes or overwrites it
-        (or another session writes the path: then that write stands)."""
+        ``ephemeral``: the file lives as long as this client's session (a whole-file
+        write: no ``offset``, else :class:`~fscache.settings.BadSetting`). The client
+        keeps the data and writes it again, ephemeral, whenever it is given a new
+        session (the server restarted, or the old session expired), so the file lasts
+        as long as this client, until it deletes or overwrites it (or another session
+        writes the path: then that write stands). A file object is therefore read
+        whole into memory first, and then sent as bytes are (an upload if over one
+        chunk): the client holds all of it for as long as it keeps the file."""
         path = normalize(path)
         fenced = locks.fence_of(fence)
         if not isinstance(data, bytes | bytearray | memoryview) and not hasattr(data, "read"):
@@ -615,10 +618,13 @@ class Client:
         # which carries them, goes after its parts.
         p.check_fields(p.Write(0, path, b"", if_version, fenced, ephemeral))
         _check_if_version(if_version)
-        if ephemeral and (
-            offset is not None or not isinstance(data, bytes | bytearray | memoryview)
-        ):
-            raise ValueError("an ephemeral write replaces the whole file with bytes")
+        if ephemeral and offset is not None:
+            raise BadSetting(
+                "an ephemeral write replaces the whole file: it takes no offset (a write in"
+                " place is a ranged write, which unties an ephemeral file)"
+            )
+        if ephemeral and not isinstance(data, bytes | bytearray | memoryview):
+            data = await _read_all(data)  # kept whole to write again: see above
         if offset is not None:
             version = await self._write_in_place(path, data, offset, if_version, fenced)
         elif isinstance(data, bytes | bytearray | memoryview) and len(data) <= CHUNK_SIZE:
@@ -1886,6 +1892,16 @@ def _parts(data: Source) -> Callable[[], Awaitable[bytes]]:
         return bytes(part)
 
     return next_read
+
+
+async def _read_all(file: IO[bytes]) -> bytes:
+    """The rest of ``file``, read as an upload reads it (chunk by chunk, on a worker
+    thread)."""
+    next_part = _parts(file)
+    parts = []
+    while part := await next_part():
+        parts.append(part)
+    return b"".join(parts)
 
 
 def _chain(

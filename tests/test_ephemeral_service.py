@@ -323,8 +323,8 @@ async def test_a_streamed_ephemeral_write_is_tied_like_a_whole_one(
         await reg.mkdir("svc")  # an upload's directory must exist
         await reg.write("svc/big", big, ephemeral=True)  # an upload, committed ephemeral
         assert service_ties(cluster) == {"svc/big": reg.session_id}
-        with pytest.raises(ValueError):
-            await reg.write("svc/big", io.BytesIO(big), ephemeral=True)  # kept: bytes only
+        await reg.write("svc/big", io.BytesIO(big), ephemeral=True)  # a file: the same
+        assert service_ties(cluster) == {"svc/big": reg.session_id}
     await trio.testing.wait_all_tasks_blocked()
     assert not (root / "svc/big").exists()
 
