@@ -236,6 +236,17 @@ One store per root.  ``exclusive=True`` (the server) takes an ``flock`` on
 ``.fscache/lock`` before :meth:`recover` runs, since recovering would delete a live
 server's temp files, and holds it until :meth:`close` or the process's end (SIGKILL
 included); a second exclusive store on the root is refused, naming the holder's pid.
+Nor may two servers' trees overlap: a server under another would change files the
+other's clients hold leases on, unseen by it, and each would delete the other's temp
+files.  So, once it holds its lock, an exclusive store tests the lock of every
+directory above its root (the ``.fscache/lock`` of each, opened if it exists, never
+made) and, in :meth:`recover`'s walk, of every state directory below, before it
+touches anything in that directory; one another server holds refuses the start,
+naming that root.  A test takes the lock shared with ``LOCK_NB`` and lets go at
+once (a server starting on that very root in that instant is refused as if served:
+the two overlap anyway).  Each store takes its own lock before it looks, so of two
+overlapping servers starting at once, at least one sees the other.  Roots are
+compared by real path: one reached through a bind mount is not recognised.
 
 Threads.  Every operation but ``read``, ``settle`` and ``facts`` may block on disk;
 the server calls them through ``trio.to_thread.run_sync`` and may call them from
@@ -301,6 +312,8 @@ _NOATIME = getattr(os, "O_NOATIME", 0)
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+# Another root's lock, only tested; NONBLOCK: a FIFO in its place does not block.
+_PROBE_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 # In-place writes; NONBLOCK: a FIFO swapped in fails (ENXIO) instead of blocking.
 _UPDATE_FLAGS = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 # The moved inode in a rename, opened only to restamp it (file or directory).
@@ -496,9 +509,17 @@ class Store:
         self._file_mode = 0o640 if shared else 0o600
         self._dir_mode = 0o750 if shared else 0o700
         self._unlock: Callable[[], object] = lambda: None
-        if exclusive:
-            self._lock_root()  # before recover(): another server's temp files are live
-        self.recover()
+        self._exclusive = exclusive
+        if not exclusive:
+            self.recover()
+            return
+        self._lock_root()  # before recover(): another server's temp files are live
+        try:
+            self._refuse_served_ancestor()
+            self.recover()  # refuses a served root below, before touching anything in it
+        except BaseException:
+            self.close()
+            raise
 
     # ------------------------------------------------------------------ public
 
@@ -512,9 +533,14 @@ class Store:
         directory too); return how many.
 
         Only safe while no write is in flight (a live write's temp file would go too).
+        A server's store (exclusive) raises :class:`FscacheError` on meeting a
+        directory below that another server serves, before it touches anything there
+        (see "One store per root").
         """
         removed = 0
-        for dirpath, _, filenames in os.walk(self.root):
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            if self._exclusive and RESERVED_PREFIX in dirnames and dirpath != self.root:
+                self._refuse_served(dirpath, "inside")
             for name in filenames:
                 if not name.startswith(TEMP_PREFIX):
                     continue
@@ -1136,6 +1162,24 @@ class Store:
             raise
         self._unlock = weakref.finalize(self, os.close, fd)
 
+    def _refuse_served_ancestor(self) -> None:
+        """Raise :class:`FscacheError` if a directory above the root is served."""
+        below, above = self.root, os.path.dirname(self.root)
+        while above != below:  # up to "/", whose parent is itself
+            self._refuse_served(above, "which contains")
+            below, above = above, os.path.dirname(above)
+
+    def _refuse_served(self, other: str, relation: str) -> None:
+        """Raise :class:`FscacheError` if another server holds the lock of the root
+        ``other``, which is above or below this store's root (``relation`` says which)."""
+        holder = _served_by(other)
+        if holder is not None:
+            pid = f" (pid {holder})" if holder else ""
+            raise FscacheError(
+                f"another fscache server{pid} is serving {other}, {relation} {self.root}:"
+                " one server per tree"
+            )
+
     def _open_dir(self, rel: str) -> int:
         """A descriptor (``O_RDONLY | O_DIRECTORY``) of the directory ``rel`` (``""``:
         the root), reached beneath the root with no symlink on the way, by the kernel
@@ -1588,6 +1632,28 @@ def _beneath_opener(root: str) -> Callable[[str, int], int] | None:
 
     weakref.finalize(openat2, os.close, root_fd)
     return openat2
+
+
+def _served_by(root: str) -> str | None:
+    """Who serves the directory ``root``: None if no live server holds its lock, else
+    the holder's pid as it wrote it ("" if unknown). Only looks: it makes nothing, and
+    holds the lock (shared) only for the instant of the test."""
+    try:
+        fd = os.open(os.path.join(root, RESERVED_PREFIX, LOCK_FILE), _PROBE_FLAGS)
+    except OSError:
+        return None  # no lock file, or none this user may open: no server it can know of
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with suppress(OSError):
+                return os.pread(fd, 32, 0).strip().decode(errors="replace")
+            return ""
+        except OSError:
+            return None
+        return None
+    finally:
+        os.close(fd)
 
 
 def _plainly_relative(path: str) -> bool:

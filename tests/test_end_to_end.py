@@ -418,7 +418,9 @@ def test_the_serving_line_gives_the_address_whatever_the_root_is_called():
 
 def test_serve_on_a_busy_port_says_so_in_one_line(served, tmp_path):
     port = served.split(":")[1]
-    result = fscache_command("serve", "--root", str(tmp_path), "--port", port)
+    other = tmp_path / "other"  # beside the served root: a tree of its own
+    other.mkdir()
+    result = fscache_command("serve", "--root", str(other), "--port", port)
     err = result.stderr.decode()
     assert result.returncode == 1 and "cannot listen on" in err, err
     assert len(err.strip().splitlines()) == 1, err

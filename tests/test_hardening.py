@@ -137,6 +137,41 @@ def test_the_root_lock_is_held_until_close(root: Path) -> None:
     assert mode(root / ".fscache" / LOCK_FILE) == 0o600
 
 
+def test_a_server_inside_a_served_tree_is_refused_naming_the_outer_root(root: Path) -> None:
+    """Two servers whose trees overlap would each change files the other's clients
+    hold leases on, unseen: the second to start is refused, whichever is inside."""
+    inner = root / "sub" / "deeper"
+    inner.mkdir(parents=True)
+    with server_process(root) as outer:
+        serving(outer)
+        with server_process(inner) as nested:
+            _, err = nested.communicate(timeout=60)
+    assert nested.returncode == 1, err
+    assert err == (
+        f"fscache: another fscache server (pid {outer.pid}) is serving {root},"
+        f" which contains {inner}: one server per tree\n"
+    )
+
+
+def test_a_store_above_or_below_a_served_root_is_refused_and_a_stale_lock_is_not(
+    tmp_path: Path,
+) -> None:
+    outer = tmp_path / "outer"
+    inner = outer / "a" / "inner"
+    (inner / "x").mkdir(parents=True)
+    owner = Store(inner, max_file_size=MAX, exclusive=True)
+    (inner / f"{TEMP_PREFIX}live").write_bytes(b"in flight")
+    with pytest.raises(FscacheError, match=f"serving {inner}, inside {outer}: one server"):
+        Store(outer, max_file_size=MAX, exclusive=True)
+    assert temp_files(inner) != []  # the refused store removed nothing of the inner's
+    with pytest.raises(FscacheError, match=f"serving {inner}, which contains {inner / 'x'}:"):
+        Store(inner / "x", max_file_size=MAX, exclusive=True)
+    assert not (outer / "a" / ".fscache").exists()  # a look above makes nothing there
+    owner.close()  # its lock stays on disk, held by no one
+    Store(outer, max_file_size=MAX, exclusive=True).close()  # the refused one let go too
+    Store(inner / "x", max_file_size=MAX, exclusive=True).close()
+
+
 # ---------------------------------------------------------------- private by default
 @contextlib.contextmanager
 def umask(mask: int) -> Iterator[None]:

@@ -275,21 +275,22 @@ async def test_every_counter_only_grows_while_levels_go_up_and_down(
 
 
 def test_the_metrics_port_is_refused_with_the_reason_when_taken(root: Path) -> None:
-    (root / "other").mkdir()
+    other = root.parent / "other"  # beside the served root: a tree of its own
+    other.mkdir()
     with serve_process(
         "--root", str(root), "--port", "0", "--metrics-port", "0", metrics=True
     ) as first:
         assert first.metrics is not None
         taken = first.metrics.rsplit(":", 1)[1].split("/")[0]
         done = subprocess.run(
-            [sys.executable, "-m", "fscache", "serve", "--root", str(root / "other"),
+            [sys.executable, "-m", "fscache", "serve", "--root", str(other),
              "--port", "0", "--metrics-port", taken],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
     assert done.returncode == 1
     assert f"cannot serve metrics on 127.0.0.1:{taken}" in done.stderr
     assert "fscache serving" not in done.stdout  # it never said it serves
-    with serve_process("--root", str(root / "other"), "--port", "0") as again:
+    with serve_process("--root", str(other), "--port", "0") as again:
         assert again.process.stdout is not None
         again.process.send_signal(signal.SIGTERM)
         rest = again.process.stdout.read()
