@@ -468,6 +468,11 @@ class Store:
         if not stat_mod.S_ISDIR(mode):
             raise FscacheError(f"store root {shown!r} is not a directory")
         # A server's store (exclusive) writes its state there; any store reads it.
+        if exclusive and _on_read_only_file_system(real):  # no user could write it: say so
+            raise FscacheError(
+                f"store root {shown!r} is on a read-only file system (EROFS):"
+                " a server writes its state there"
+            )
         if not os.access(real, os.R_OK | os.X_OK | (os.W_OK if exclusive else 0)):
             may = "readable and writable" if exclusive else "readable"
             raise FscacheError(
@@ -1654,6 +1659,14 @@ def _served_by(root: str) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+def _on_read_only_file_system(path: str) -> bool:
+    """Whether ``path`` is on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False  # the checks that follow name what is wrong
 
 
 def _plainly_relative(path: str) -> bool:

@@ -338,6 +338,28 @@ def test_bad_root(tmp_path: Path) -> None:
         Store(tmp_path / "file", max_file_size=MAX)
 
 
+def test_a_root_on_a_read_only_file_system_is_refused_naming_the_cause(tmp_path: Path) -> None:
+    """Not the user's permissions: the mount. A store that only reads may use it."""
+    mnt = tmp_path / "rofs"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mnt)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs: {done.stderr.strip() or done.returncode}")
+    try:
+        with pytest.raises(FscacheError) as refused:
+            Store(mnt, max_file_size=MAX, exclusive=True)
+        assert str(refused.value) == (
+            f"store root {str(mnt)!r} is on a read-only file system (EROFS):"
+            " a server writes its state there"
+        )
+        assert Store(mnt, max_file_size=MAX).listdir("") == []
+    finally:
+        subprocess.run(["umount", "--lazy", str(mnt)], check=True)
+
+
 @pytest.mark.parametrize(
     ("mode", "exclusive", "may"),
     [(0o555, True, "readable and writable"), (0o000, False, "readable")],
