@@ -82,9 +82,24 @@ class Throttle:
         return quiet
 
 
+_FIRST, _LAST = (
+    moment.replace(tzinfo=datetime.UTC).isoformat(timespec="milliseconds")
+    for moment in (datetime.datetime.min, datetime.datetime.max)
+)
+
+
 def wall_time(seconds: float) -> str:
-    """A POSIX time as ISO 8601 in UTC, to the millisecond."""
-    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    """A POSIX time as ISO 8601 in UTC, to the millisecond. A time the calendar
+    cannot show (before year 1, after year 9999: a restart window read from a damaged
+    record may end in year 33,000) is said against its bound, ``after 9999-12-31...``
+    or ``before 0001-01-01...``, and a NaN as ``not a time``: reporting a time never
+    fails."""
+    if math.isnan(seconds):
+        return "not a time"
+    try:
+        moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    except (OverflowError, OSError, ValueError):  # which one depends on the platform
+        return f"after {_LAST}" if seconds > 0 else f"before {_FIRST}"
     return moment.isoformat(timespec="milliseconds")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ import pytest
 import trio
 
 import fscache
-from fscache.server.logs import EVENTS, JsonFormatter, Throttle, event
+from fscache.server.logs import EVENTS, JsonFormatter, Throttle, event, wall_time
 from fscache.tls import client_context, make_certs
 
 from .harness import Cluster
@@ -189,6 +190,17 @@ def test_the_formatter_writes_one_object_with_the_event_and_its_fields() -> None
     assert line["ts"].endswith("+00:00")
     plain = logging.LogRecord("fscache.server", logging.WARNING, "x", 1, "plain %d", (7,), None)
     assert json.loads(JsonFormatter().format(plain))["event"] == "log"
+
+
+def test_a_time_the_calendar_cannot_show_is_said_against_its_bound() -> None:
+    """A restart window of 1e12 s ends in year 33,000: its event is logged all the same."""
+    assert wall_time(0.0) == "1970-01-01T00:00:00.000+00:00"
+    assert wall_time(253402300799.0) == "9999-12-31T23:59:59.000+00:00"
+    for beyond in (1e12, 1e300, math.inf):
+        assert wall_time(beyond) == "after 9999-12-31T23:59:59.999+00:00"
+    for before in (-1e12, -math.inf):
+        assert wall_time(before) == "before 0001-01-01T00:00:00.000+00:00"
+    assert wall_time(math.nan) == "not a time"
 
 
 # ---------------------------------------------------------------- exact instants, in process
