@@ -36,16 +36,23 @@ def loud_event(
     is a warning whether or not another came just before. Only what the text log
     shows is throttled: the first, then at most one per ``throttle``'s interval (a
     peer that keeps trying cannot flood it), the next one shown counting those
-    hidden; JSON and ``-v`` show every one."""
+    hidden; JSON and ``-v`` show every one, so their lines count nothing."""
     quiet = throttle.loud(now)
-    if quiet:
-        message += f" (and {quiet} more since the last one of these)"
-    EVENTS.warning(message, *args, extra={"event": name, "fields": fields, "quiet": quiet is None})
+    extra = {"event": name, "fields": fields, "quiet": quiet is None, "quiet_before": quiet or 0}
+    EVENTS.warning(message, *args, extra=extra)
 
 
 def _not_quiet(record: logging.LogRecord) -> bool:
-    """The text log's filter: hides the records :func:`loud_event` throttled."""
-    return not getattr(record, "quiet", False)
+    """The text log's filter: hides the records :func:`loud_event` throttled, and ends
+    the next one shown with how many it hid. Only this log hides them, so only its
+    lines say so."""
+    if getattr(record, "quiet", False):
+        return False
+    hidden = getattr(record, "quiet_before", 0)
+    if hidden:
+        record.msg = f"{record.msg} (and {hidden} more since the last one of these)"
+        record.quiet_before = 0  # said once
+    return True
 
 
 def rare_event(

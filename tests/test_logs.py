@@ -25,7 +25,15 @@ import pytest
 import trio
 
 import fscache
-from fscache.server.logs import EVENTS, JsonFormatter, Throttle, event, wall_time
+from fscache.server.logs import (
+    EVENTS,
+    JsonFormatter,
+    Throttle,
+    _not_quiet,
+    event,
+    loud_event,
+    wall_time,
+)
 from fscache.tls import client_context, make_certs
 
 from .harness import Cluster
@@ -299,6 +307,36 @@ def test_the_throttle_lets_one_a_second_through_and_counts_the_rest() -> None:
     assert [throttle.loud(t) for t in (10.0, 10.2, 10.9, 11.0, 11.5, 13.0)] == [
         0, None, None, 2, None, 1,
     ]  # fmt: skip
+
+
+def test_only_the_text_log_which_hides_throttled_events_says_it_hid_some() -> None:
+    """JSON and ``-v`` have every ``tls_refused``: no line of theirs may claim that
+    others were left out. The text log's filter hides the quiet ones and counts them."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep()
+    EVENTS.addHandler(handler)
+    filters, EVENTS.filters = EVENTS.filters, []  # as configured for JSON
+    throttle = Throttle(1.0)
+    try:
+        for now in (10.0, 10.2, 10.5, 11.1):
+            loud_event(throttle, now, "tls_refused", "%s: TLS handshake refused", "p", peer="p")
+    finally:
+        EVENTS.removeHandler(handler)
+        EVENTS.filters = filters
+
+    lines = [json.loads(JsonFormatter().format(record)) for record in records]
+    assert [line["message"] for line in lines] == ["p: TLS handshake refused"] * 4
+    assert [line["peer"] for line in lines] == ["p"] * 4
+    shown = [record for record in records if _not_quiet(record)]  # the text log's filter
+    assert [record.getMessage() for record in shown] == [
+        "p: TLS handshake refused",
+        "p: TLS handshake refused (and 2 more since the last one of these)",
+    ]
 
 
 def test_a_json_server_tells_its_stop_and_a_fatal_error_as_json(root: Path, tmp_path: Path) -> None:
