@@ -298,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         dest="hosts",
         metavar="HOST",
+        type=_server_name,
         help="server name or IP (repeatable)",
     )
     certs.add_argument(
@@ -566,6 +567,16 @@ def _client_name(text: str) -> str:
 
     try:
         return check_client_name(text)
+    except FscacheError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _server_name(text: str) -> str:
+    """A ``certs --host`` name, checked (a bad one is bad usage)."""
+    from fscache.tls import check_host_name
+
+    try:
+        return check_host_name(text)
     except FscacheError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -54,6 +54,13 @@ CLIENT_FILES = (CA_CERT, CLIENT_CERT, CLIENT_KEY)
 # A client name is its identity and its bundle's directory name: no '/', no dot first.
 _CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
+# A server's DNS name, as a certificate carries it (RFC 1123 labels, ASCII: an
+# internationalised name is given as its xn-- form); the first label may be "*".
+_DNS_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_DNS_NAME_MAX = 253
+_COMMON_NAME_MAX = 64  # X.509's upper bound; the SANs, which clients check, hold any name
+_SERVER_COMMON_NAME = "fscache server"  # when the first host name is longer than that
+
 # OpenSSL reasons meaning "a certificate was refused" (by us or by the peer's alert).
 _AUTH_REASONS = (
     "CERTIFICATE_VERIFY_FAILED",
@@ -219,6 +226,32 @@ def check_client_name(name: str) -> str:
     return name
 
 
+def check_host_name(host: str) -> str:
+    """``host`` if a server certificate can name it: an IP address (an IPv6 one may
+    come in brackets, which are taken off) or a DNS name."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+    except ValueError:
+        pass
+    else:
+        return bare
+    labels = host.split(".")
+    if labels[0] == "*" and len(labels) > 1:
+        labels = labels[1:]
+    if (
+        len(host) > _DNS_NAME_MAX
+        or not all(_DNS_LABEL.fullmatch(label) for label in labels)
+        or labels[-1].isdigit()  # 10.0.0.256: an address mistyped, no top-level domain
+    ):
+        raise FscacheError(
+            f"server name {host!r} must be an IP address or a DNS name: labels of 1..63 of"
+            " A-Z a-z 0-9 - (not starting or ending with -) joined by dots, 253 at most,"
+            " the first of which may be *"
+        )
+    return host
+
+
 def make_certs(
     directory: str | os.PathLike[str],
     *,
@@ -238,6 +271,7 @@ def make_certs(
     """
     if days < 1:
         raise FscacheError(f"certificate validity must be at least one day, not {days}")
+    hosts = [check_host_name(host) for host in hosts]
     for name in clients:
         check_client_name(name)
     root = pathlib.Path(directory)
@@ -269,7 +303,8 @@ def _make_certs(
         ca = _CA.new(days)
         ca_pem = _pem_cert(ca.cert)
         written += _write_bundle(ca_dir, CA_FILES, [ca_pem, _pem_key(ca.key)], overwrite)
-        server, server_key = ca.leaf(hosts[0], ExtendedKeyUsageOID.SERVER_AUTH, [_san(hosts)])
+        common_name = hosts[0] if len(hosts[0]) <= _COMMON_NAME_MAX else _SERVER_COMMON_NAME
+        server, server_key = ca.leaf(common_name, ExtendedKeyUsageOID.SERVER_AUTH, [_san(hosts)])
         written += _write_bundle(
             root / SERVER_DIR,
             SERVER_FILES,

@@ -209,6 +209,46 @@ def test_bad_client_names_are_refused(tmp_path: pathlib.Path, name: str) -> None
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "host", ["bad host!", "", "café.example", "a..b", "-a.com", "a_b.com", "10.0.0.256",
+             "x" * 64 + ".com", "a." * 127 + "com", "*", "a.*.com"],
+)  # fmt: skip
+def test_bad_host_names_are_refused_before_anything_is_written(
+    tmp_path: pathlib.Path, host: str
+) -> None:
+    with pytest.raises(FscacheError, match="must be an IP address or a DNS name"):
+        make_certs(tmp_path, hosts=["localhost", host])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_certs_with_a_bad_host_is_bad_usage(tmp_path: pathlib.Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "fscache", "certs", str(tmp_path / "c"), "--host", "bad host!"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].startswith(
+        "fscache certs: error: argument --host: server name 'bad host!' must be an IP address"
+    )
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_server_certificate_names_every_host_in_its_alternative_names(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The common name holds 64 characters at most; the alternative names, which a
+    client checks, hold any DNS name. An IPv6 address may come in brackets."""
+    long_name = "a" * 60 + "." + "b" * 60
+    make_certs(tmp_path, hosts=[long_name, "*.example.com", "[::1]", "10.1.2.3"])
+    cert = x509.load_pem_x509_certificate((tmp_path / "server" / "server.pem").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == [long_name, "*.example.com"]
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["::1", "10.1.2.3"]
+    assert cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value == (
+        "fscache server"
+    )
+
+
 def test_the_old_flat_layout_still_loads(tmp_path: pathlib.Path, certs: Bundles) -> None:
     for bundle in (certs.server, certs.client):
         for f in bundle.iterdir():
