@@ -7,14 +7,23 @@ is: the same parser function, after a check of the TOML type (a number of second
 is an integer or a float, a port an integer, a switch a boolean, the rest strings).
 Paths (options whose metavar is ``DIR`` or ``FILE``) are relative to the file's
 directory. The command line overrides the file: the file's values become the
-parser's defaults. Errors name the key, and for an unknown key the nearest known.
+parser's defaults. Errors name the file and the key as the file spells it, and for
+an unknown key the nearest known.
+
+Settings that must agree (``max-outbox`` at least the maximum frame) are checked
+where the server's settings are (:class:`~fscache.server.service.ServerSettings`),
+with the file's values over the defaults, and its message is given the file's
+spelling of each key. So a file is checked on its own, as each of its values is: a
+flag that mends it does not make it right.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import pathlib
+import re
 import tomllib
 from typing import Any
 
@@ -78,7 +87,28 @@ def check(
             hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
             raise BadConfig(f"{source}: unknown key {key!r}{hint}")
         values[action.dest] = _value(key, value, action, base, source)
+    _check_together(values, known, source)
     return values
+
+
+def _check_together(values: dict[str, Any], known: dict[str, argparse.Action], source: str) -> None:
+    """Raise :class:`BadConfig` if the file's values, over the defaults, are wrong
+    together, in the words of the server's own check with the file's keys."""
+    from fscache.server.service import ServerSettings
+
+    fields = {field.name for field in dataclasses.fields(ServerSettings)}
+    settings = {
+        action.dest: values.get(action.dest, action.default)
+        for action in known.values()
+        if action.dest in fields
+    }
+    settings["root"] = settings.get("root") or "."  # not checked there; may come by flag
+    try:
+        ServerSettings(**settings)
+    except BadSetting as exc:
+        spelled = {action.dest: key for key, action in known.items()}
+        message = re.sub(r"\b\w+\b", lambda word: spelled.get(word[0], word[0]), str(exc))
+        raise BadConfig(f"{source}: {message}") from None
 
 
 def _value(

@@ -140,6 +140,21 @@ def test_limits_wrong_together_are_bad_usage_with_the_reason(
     assert "fscache serve: error: max_outbox must be at least max_frame" in capsys.readouterr().err
 
 
+def test_values_of_a_file_wrong_together_are_named_as_the_file_spells_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As any other error in the file: the file first, then its key (not the field)."""
+    path = config(tmp_path, 'root = "r"\nmax-outbox = 10\n')
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--config", path])
+
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"fscache serve: error: {path}: max-outbox must be at least max_frame (2097152), not 10"
+    )
+    assert serve_args("--config", config(tmp_path, "max-outbox = 2097152\n"), "--root", "r")
+
+
 def test_a_bracketed_ipv6_host_is_taken_without_its_brackets(tmp_path: Path) -> None:
     path = config(tmp_path, 'root = "r"\nhost = "[::1]"\n')
 
