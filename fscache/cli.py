@@ -436,7 +436,10 @@ def _main(argv: list[str]) -> int:
     except FscacheError as exc:
         if _credentials_refused(exc):
             return _failed(args, f"unauthorized: {exc}", EXIT_UNAUTHORIZED)
-        kind = "" if type(exc) is FscacheError else f"{type(exc).__name__}: "  # a named kind
+        # A client command names the kind of error the server answered (NotFound: ...);
+        # serve's own errors are the operator's, said in words alone.
+        named = type(exc) is not FscacheError and args.command != "serve"
+        kind = f"{type(exc).__name__}: " if named else ""
         return _failed(args, f"{kind}{exc}", EXIT_ERROR)
     except KeyboardInterrupt:  # Ctrl-C: the children are stopped on the way out
         if _json_log(args):
