@@ -13,6 +13,8 @@ like a chunk, so it arrives in order too. The proxy's *mode* decides what happen
 ``pause``    nothing goes through either way and nothing is lost: bytes are held
              until :meth:`heal` delivers them, in order -- a partition that mends
              before TCP gives up;
+``hold``     the server's bytes are held, the clients' go through: the server
+             has answered, and its answers are slow to arrive;
 ``drop``     bytes read meanwhile are discarded -- a partition that loses data.
              A byte stream with a hole in it cannot resume, so :meth:`heal` closes
              every connection that lost bytes (as TCP would, by resetting it).
@@ -44,10 +46,18 @@ class _Closed(Exception):
 class _Pipe:
     """One direction of one proxied connection."""
 
-    def __init__(self, proxy: FaultProxy, source: trio.SocketStream, sink: trio.SocketStream):
+    def __init__(
+        self,
+        proxy: FaultProxy,
+        source: trio.SocketStream,
+        sink: trio.SocketStream,
+        *,
+        from_server: bool,
+    ):
         self.proxy = proxy
         self.source = source
         self.sink = sink
+        self.from_server = from_server
         self.queue: deque[tuple[float, bytes]] = deque()  # (due, chunk); b"" is a close
         self.wake = trio.Event()
         self.lost = False  # bytes were dropped: the stream has a hole
@@ -64,9 +74,13 @@ class _Pipe:
             if not data:
                 return
 
+    def _may_forward(self) -> bool:
+        mode = self.proxy.mode
+        return mode == "forward" or (mode == "hold" and not self.from_server)
+
     async def write(self) -> None:
         while True:
-            while not self.queue or self.proxy.mode != "forward":
+            while not self.queue or not self._may_forward():
                 await self.wake.wait()
                 self.wake = trio.Event()
             due, data = self.queue[0]
@@ -102,6 +116,10 @@ class FaultProxy:
     def pause(self) -> None:
         """Stop forwarding both ways; hold every byte until :meth:`heal`."""
         self._set_mode("pause")
+
+    def hold_replies(self) -> None:
+        """Hold the server's bytes until :meth:`heal`; let the clients' through."""
+        self._set_mode("hold")
 
     def drop(self) -> None:
         """Discard every byte read from now on, both ways."""
@@ -154,7 +172,10 @@ class FaultProxy:
         except OSError:
             await trio.aclose_forcefully(downstream)
             return
-        pipes = (_Pipe(self, downstream, upstream), _Pipe(self, upstream, downstream))
+        pipes = (
+            _Pipe(self, downstream, upstream, from_server=False),
+            _Pipe(self, upstream, downstream, from_server=True),
+        )
         with trio.CancelScope() as cancel:
             self._connections[cancel] = pipes
             try:

@@ -840,6 +840,41 @@ async def test_a_writer_never_reads_its_old_copy_once_another_client_has_seen_th
     figures(f"ack {ack}", a_read_wait=a_end - a_start, write_wait=w_end - w_start)
 
 
+# ================================================================ shared misses
+async def test_a_read_begun_after_a_write_is_acknowledged_never_takes_an_older_answer(
+    tmp_path: Path,
+) -> None:
+    """Term 0 (no lease): the server has answered a read, and the answer is slow to
+    reach the reader, when another client's write is applied and acknowledged; a
+    second read of the reader's begins after that. It must not take the first read's
+    answer, from before the write (the server asked the reader nothing: it held no
+    lease). Held for well under the client's DEAD_AFTER, so the connection stays."""
+    async with (
+        server_and_proxy(tmp_path / "root", term=0.0) as (service, proxy),
+        client(proxy.port, "reader") as reader,
+        client(service.port, "writer") as writer,
+        trio.open_nursery() as nursery,
+    ):
+        await writer.write("f", b"old")
+        proxy.hold_replies()
+        first: list[bytes] = []
+        second: list[bytes] = []
+
+        async def read(into: list[bytes]) -> None:
+            into.append(await reader.read("f"))
+
+        nursery.start_soon(read, first)
+        with trio.fail_after(LATE):
+            while service.counters.reads < 1:  # answered "old"; the answer is held
+                await trio.sleep(0.01)
+        await writer.write("f", b"new")  # no lease to wait for: acknowledged at once
+        nursery.start_soon(read, second)  # begun after the acknowledgement
+        await trio.sleep(0.2)
+        proxy.heal()
+    assert first == [b"old"]  # (concurrent with the write: either is right)
+    assert second == [b"new"]
+
+
 # ================================================================ server pause
 async def test_a_paused_server_ends_no_session_that_pinged_it_meanwhile(tmp_path: Path) -> None:
     """The server is SIGSTOPped for longer than the session TTL while clients that
