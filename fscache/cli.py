@@ -17,7 +17,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TextIO, TypeVar
 
 from fscache.errors import BadPath, FscacheError, Unauthorized, Unavailable
@@ -635,6 +635,12 @@ def _serve(args: argparse.Namespace) -> int:
             tell(line)
 
     async def run() -> None:
+        # Signals are taken from before the serving line: a SIGTERM sent as soon as it
+        # is read stops the server as any other does, not by the default action.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            await serve_until(signals)
+
+    async def serve_until(signals: AsyncIterator[int]) -> None:
         async with trio.open_nursery() as nursery:
             service = await nursery.start(serve, settings)
             try:
@@ -657,10 +663,9 @@ def _serve(args: argparse.Namespace) -> int:
             except BaseException:
                 service.shutdown()  # it served nothing yet
                 raise
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for signum in signals:
-                    name = signal.Signals(signum).name
-                    break
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                break
             # Recorded first: telling it must not keep a clean stop from being one.
             live = service.shutdown()
             window = 0.0 if service.stopped_cleanly else service.policy.max_term + args.skew
