@@ -34,6 +34,17 @@ def run_main(main: Callable[..., int | None], *args: Any) -> int:
     ``finally`` blocks the interrupt went through; its workers ignore Ctrl-C."""
     try:
         return main(*args) or 0
-    except KeyboardInterrupt:
+    except BaseException as error:
+        if not interrupted(error):
+            raise
         print("interrupted", file=sys.stderr)
         return exit_interrupted()
+
+
+def interrupted(error: BaseException) -> bool:
+    """Whether ``error`` is a Ctrl-C: a KeyboardInterrupt, or a group holding one, as
+    trio raises it from a nursery whose task the interrupt landed in. What else the
+    group holds (a child's broken connection, say) followed from the interrupt."""
+    if isinstance(error, BaseExceptionGroup):
+        return error.subgroup(KeyboardInterrupt) is not None
+    return isinstance(error, KeyboardInterrupt)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from fscache import cli
-from fscache.bench import model, plots, speed, sweep, workload, workload_config
+from fscache.bench import model, plots, run_main, speed, sweep, workload, workload_config
 from fscache.bench.driver import (
     RunSpec,
     decode_value,
@@ -298,6 +298,24 @@ def test_a_ctrl_c_that_lands_in_generated_code_still_exits_130(tmp_path: Path, e
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert (result.returncode, result.stderr.splitlines()[-1:]) == (130, ["interrupted"])
+
+
+def test_a_ctrl_c_inside_a_nursery_is_one_line_and_130(capsys: pytest.CaptureFixture[str]) -> None:
+    """trio raises the interrupt inside a group when it lands in a nursery's task."""
+
+    def interrupted_in_a_nursery() -> int:
+        raise BaseExceptionGroup("nursery", [KeyboardInterrupt(), ConnectionResetError()])
+
+    assert run_main(interrupted_in_a_nursery) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_a_failure_inside_a_nursery_is_not_taken_for_a_ctrl_c() -> None:
+    def failed_in_a_nursery() -> int:
+        raise ExceptionGroup("nursery", [ValueError("bad")])
+
+    with pytest.raises(ExceptionGroup):
+        run_main(failed_in_a_nursery)
 
 
 def test_values_round_trip_through_file_contents() -> None:
