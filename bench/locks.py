@@ -60,6 +60,7 @@ ETCD = "/usr/bin/etcd"
 START_TIMEOUT = 20.0  # etcd's first election, or a cold Python start, on a busy machine
 HOLD_TIMEOUT = 30.0  # a holder's acquire, or a waiter's grant after the kill
 SKEW = 0.1
+QUEUE_WAIT = 0.3  # from the holder's grant to its kill: the waiter has asked by then
 ETCD_SESSION_TTL = 60  # the waiter's and the latency loop's lease: outlives every wait
 
 
@@ -109,12 +110,13 @@ def _etcd_healthy(port: int) -> bool:
 
 
 class EtcdLocks:
-    """etcd's v3 lock API through etcd3gw: a lock is held under a lease."""
+    """etcd's v3 lock API through etcd3gw: a lock is held under a lease. Every request
+    gives up after ``timeout`` s, a wait for a held lock included."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, timeout: float = HOLD_TIMEOUT) -> None:
         import etcd3gw  # the bench extra; imported here so the module loads without it
 
-        self.client = etcd3gw.Etcd3Client(host="127.0.0.1", port=port)
+        self.client = etcd3gw.Etcd3Client(host="127.0.0.1", port=port, timeout=timeout)
 
     def grant(self, ttl: int) -> int:
         lease_id: int = self.client.lease(ttl).id
@@ -215,7 +217,21 @@ class Bench:
                 "--name", name, "--ttl", repr(self.ttl),
             ]  # fmt: skip
         proc, log = self.children.start(f"holder-{system}-{i}", argv)
-        holder = Reader(i, proc, log)
+        try:
+            return await self._time_handover(c, system, name, proc, Reader(i, proc, log))
+        finally:
+            # On every way out: a holder left alive (the run was interrupted before its
+            # kill) would renew its lease for ever from its own session.
+            procs.stop_command(proc, 1.0)
+
+    async def _time_handover(
+        self,
+        c: fscache.Client,
+        system: str,
+        name: str,
+        proc: subprocess.Popen[bytes],
+        holder: Reader,
+    ) -> Handover:
         holder.name = f"{system} holder"
         granted: dict[str, float] = {}
         async with trio.open_nursery() as nursery:
@@ -230,10 +246,14 @@ class Bench:
                     granted["t"] = time.monotonic()
                     await lock.release()
                 else:
-                    granted["t"] = await trio.to_thread.run_sync(self._etcd_wait, name)
+                    # etcd3gw blocks; a cancelled wait (Ctrl-C) leaves its thread behind,
+                    # to end when the lock is granted, etcd stops or its timeout passes.
+                    granted["t"] = await trio.to_thread.run_sync(
+                        self._etcd_wait, name, abandon_on_cancel=True
+                    )
 
             nursery.start_soon(wait)
-            await trio.sleep(0.3)  # the waiter is queued; the holder has renewed or not
+            await trio.sleep(QUEUE_WAIT)  # the holder has renewed or not
             proc.send_signal(signal.SIGKILL)
             t_kill = time.monotonic()
             with trio.fail_after(HOLD_TIMEOUT):
@@ -242,7 +262,6 @@ class Bench:
             renewals = [e for e in holder.inbox if e["event"] == "renewed"]
             last = max(self._request_sent(e) for e in [acquired, *renewals])
             nursery.cancel_scope.cancel()
-        procs.stop_command(proc, 1.0)
         return Handover(granted["t"] - t_kill, granted["t"] - last)
 
     def _request_sent(self, event: dict[str, Any]) -> float:
@@ -252,11 +271,14 @@ class Bench:
         return float(event["valid_until"]) - self.ttl + SKEW  # fscache: t_send + ttl - skew
 
     def _etcd_wait(self, name: str) -> float:
-        lease_id = self.etcd.grant(ETCD_SESSION_TTL)
-        key = self.etcd.lock(name, lease_id)
+        """In a thread of its own, with a client of its own: an abandoned wait must
+        not share a connection with the rest of the run."""
+        etcd = EtcdLocks(self.etcd_port)
+        lease_id = etcd.grant(ETCD_SESSION_TTL)
+        key = etcd.lock(name, lease_id)
         t = time.monotonic()
-        self.etcd.unlock(key)
-        self.etcd.revoke(lease_id)
+        etcd.unlock(key)
+        etcd.revoke(lease_id)
         return t
 
 
