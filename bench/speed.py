@@ -261,27 +261,24 @@ def measure_throughput(
     paths = [f"load/{i:03d}" for i in range(clients)]
     _write_files(root, paths)
     shares = [paths[i::processes] for i in range(processes)]
-    pool = WorkerPool(_load_generator, processes, name="load-generator")
-    try:
-        with (
-            echo_server() as echo,
-            fscache_server(root, term=0.0) as server,
-            echo_server(wire=True) as echo_wire,
-        ):
+    with (
+        echo_server() as echo,
+        fscache_server(root, term=0.0) as server,
+        echo_server(wire=True) as echo_wire,
+        WorkerPool(_load_generator, processes, name="load-generator") as pool,
+    ):
 
-            def load_pass(server: ServerProcess) -> Callable[[], tuple[float, float]]:
-                return lambda: run_load(pool, server, shares, seconds)
+        def load_pass(server: ServerProcess) -> Callable[[], tuple[float, float]]:
+            return lambda: run_load(pool, server, shares, seconds)
 
-            runs = interleave(
-                {
-                    "echo": load_pass(echo),
-                    "fscache": load_pass(server),
-                    "echo_wire": load_pass(echo_wire),
-                },
-                rounds,
-            )
-    finally:
-        pool.close()
+        runs = interleave(
+            {
+                "echo": load_pass(echo),
+                "fscache": load_pass(server),
+                "echo_wire": load_pass(echo_wire),
+            },
+            rounds,
+        )
     result: Passes = {}
     for name, per_round in runs.items():  # messages at the server: a request in, a reply out
         result[f"{name}_msgs_per_s"] = [2 * rate for rate, _ in per_round]
