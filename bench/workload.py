@@ -28,6 +28,7 @@ import os
 import sys
 
 from fscache.bench import missing_extra, run_main
+from fscache.bench import workload_config as c
 from fscache.bench.workload_config import Config
 
 
@@ -47,24 +48,39 @@ def build_parser() -> argparse.ArgumentParser:
         "with peers (term 0, a TTL cache, Redis client tracking). See bench/README.md.",
     )
     add = parser.add_argument
-    add("--out", default="bench/out", help="directory for results.json, table.txt, PNGs")
+    add("--out", default="bench/out", metavar="DIR",
+        help="directory for results.json, table.txt and the PNGs, made if missing"
+        " (default bench/out under the current directory)")  # fmt: skip
     add("--quick", action="store_true",
         help="a short run (<60 s on 2 cores): rates x10, terms and skew /10")  # fmt: skip
-    add("--clients", type=int, help=f"N (default {d.clients})")
-    add("--processes", type=int, help=f"worker processes (default {d.processes})")
-    add("--read-rate", type=float, help=f"R per client, reads/s (default {d.read_rate})")
-    add("--write-rate", type=float, help=f"W per client, writes/s (default {d.write_rate})")
+    add("--clients", type=int, help=f"N, 1..{c.MAX_CLIENTS} (default {d.clients})")
+    add("--processes", type=int,
+        help=f"worker processes, 1..{c.MAX_PROCESSES}, at most N"
+        f" (default {d.processes})")  # fmt: skip
+    add("--read-rate", type=float,
+        help=f"R per client, reads/s, more than 0, at most {c.MAX_RATE:g}"
+        f" (default {d.read_rate})")  # fmt: skip
+    add("--write-rate", type=float,
+        help=f"W per client, writes/s, 0..{c.MAX_RATE:g} (default {d.write_rate}); all"
+        f" clients' reads and writes together at most {c.MAX_LOAD:g}/s")  # fmt: skip
     add("--sharing", type=int, help=f"S, clients sharing each file (default {d.sharing})")
-    add("--files", type=int, help=f"file count (default {d.files})")
-    add("--file-size", type=int, help=f"bytes (default {d.file_size})")
+    add("--files", type=int, help=f"file count, at most {c.MAX_FILES} (default {d.files})")
+    add("--file-size", type=int,
+        help=f"bytes, {c.MIN_FILE_SIZE}..{c.MAX_FILE_SIZE} (default {d.file_size})")  # fmt: skip
     add("--popularity", choices=("uniform", "zipf"), help="file popularity (default uniform)")
-    add("--zipf-s", type=float, help=f"Zipf exponent (default {d.zipf_s})")
-    add("--duration", type=float, help=f"measured seconds per run (default {d.duration})")
-    add("--terms", type=_floats, help="server terms, s (default 0,0.1,0.5,1,2,5,10,20)")
-    add("--ttl-terms", type=_floats, help="TTL cache lifetimes, s (default 1,10)")
-    add("--skew", type=float, help=f"skew allowance eps, s (default {d.skew})")
+    add("--zipf-s", type=float, help=f"Zipf exponent, 0..{c.MAX_ZIPF_S:g} (default {d.zipf_s})")
+    add("--duration", type=float,
+        help=f"measured seconds per run, more than 0, at most {c.MAX_DURATION:g}"
+        f" (default {d.duration})")  # fmt: skip
+    add("--terms", type=_floats,
+        help=f"server terms, s, each 0..{c.MAX_TERM:g}"
+        " (default 0,0.1,0.5,1,2,5,10,20)")  # fmt: skip
+    add("--ttl-terms", type=_floats,
+        help=f"TTL cache lifetimes, s, each more than 0, at most {c.MAX_TERM:g}"
+        " (default 1,10)")  # fmt: skip
+    add("--skew", type=float, help=f"skew allowance eps, s, 0..{c.MAX_SKEW:g} (default {d.skew})")
     add("--systems", help="comma list of fscache,ttl,redis (default all)")
-    add("--seed", type=int)
+    add("--seed", type=int, help=f"0 or more (default {d.seed})")
     add("--no-progress", action="store_true", help="no progress bar")
     return parser
 

@@ -15,6 +15,21 @@ from fscache.bench import model
 SYSTEMS = ("fscache", "ttl", "redis")
 QUICK_SCALE = 10.0  # --quick: rates x10, terms and skew /10 (R t_C is kept)
 
+# The largest values a run takes. The driver schedules every operation of a run in
+# memory before it starts and must keep up with the schedule on a small machine:
+# beyond these, a run exhausts memory or falls behind until a worker stops answering.
+MAX_CLIENTS = 1000
+MAX_PROCESSES = 64
+MAX_FILES = 100_000
+MAX_FILE_SIZE = 1024 * 1024  # bytes
+MIN_FILE_SIZE = 16  # bytes: room for the value the stale-read checker reads back
+MAX_RATE = 1000.0  # reads or writes per second of one client
+MAX_LOAD = 10_000.0  # operations per second of all clients together
+MAX_DURATION = 3600.0  # seconds measured per run
+MAX_TERM = 600.0  # seconds: a term or a TTL (a run first primes its leases for one term)
+MAX_SKEW = 10.0  # seconds
+MAX_ZIPF_S = 10.0
+
 
 @dataclasses.dataclass(frozen=True)
 class ClientPlan:
@@ -67,7 +82,39 @@ class Config:
         )
 
     def validate(self) -> None:
-        if self.clients < 1 or self.sharing < 1 or self.clients % self.sharing:
+        """ValueError naming the option if the benchmark cannot run with these values."""
+        _check_range("--clients", self.clients, 1, MAX_CLIENTS)
+        if not 1 <= self.processes <= min(MAX_PROCESSES, self.clients):
+            raise ValueError(
+                f"--processes must be from 1 to {MAX_PROCESSES} and at most --clients"
+                f" ({self.clients}), not {self.processes}"
+            )
+        _check_range("--files", self.files, 1, MAX_FILES)
+        _check_range("--file-size", self.file_size, MIN_FILE_SIZE, MAX_FILE_SIZE)
+        _check_range("--read-rate", self.read_rate, 0, MAX_RATE, above_least=True)
+        _check_range("--write-rate", self.write_rate, 0, MAX_RATE)
+        load = self.clients * (self.read_rate + self.write_rate)
+        if load > MAX_LOAD:
+            raise ValueError(
+                f"--clients x (--read-rate + --write-rate) must be at most {MAX_LOAD:g}"
+                f" operations/s, not {_shown(load)}"
+            )
+        _check_range("--duration", self.duration, 0, MAX_DURATION, above_least=True)
+        _check_range("--skew", self.skew, 0, MAX_SKEW)
+        _check_range("--zipf-s", self.zipf_s, 0, MAX_ZIPF_S)
+        if self.seed < 0:
+            raise ValueError(f"--seed must be 0 or more, not {self.seed}")
+        for term in self.terms:
+            _check_range("--terms", term, 0, MAX_TERM)
+        for term in self.ttl_terms:
+            _check_range("--ttl-terms", term, 0, MAX_TERM, above_least=True)
+        if "fscache" in self.systems and not self.terms:
+            raise ValueError("--terms names no term (fscache is among --systems)")
+        if "ttl" in self.systems and not self.ttl_terms:
+            raise ValueError("--ttl-terms names no lifetime (ttl is among --systems)")
+        if not self.systems:
+            raise ValueError(f"--systems names no system; choose from {','.join(SYSTEMS)}")
+        if self.sharing < 1 or self.clients % self.sharing:
             raise ValueError("--clients must be a positive multiple of --sharing")
         groups = self.clients // self.sharing
         if self.files < groups or self.files % groups:
@@ -79,10 +126,6 @@ class Config:
             raise ValueError("each group needs at least --sharing files (one writer per file)")
         if self.popularity not in ("uniform", "zipf"):
             raise ValueError("--popularity is uniform or zipf")
-        if self.processes < 1 or self.duration <= 0 or self.read_rate <= 0:
-            raise ValueError("--processes, --duration and --read-rate must be positive")
-        if self.write_rate < 0 or self.skew < 0 or any(t < 0 for t in self.terms):
-            raise ValueError("rates, terms and skew must be >= 0")
         unknown = set(self.systems) - set(SYSTEMS)
         if unknown:
             raise ValueError(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
@@ -90,6 +133,22 @@ class Config:
     @property
     def files_per_client(self) -> int:
         return self.files // (self.clients // self.sharing)
+
+
+def _check_range(
+    option: str, value: float, least: float, most: float, *, above_least: bool = False
+) -> None:
+    """ValueError unless ``value`` is a finite number from ``least`` (or above it) to
+    ``most``; nan and infinity are refused by the same comparisons."""
+    low_ok = value > least if above_least else value >= least
+    if not (low_ok and value <= most):
+        low = f"more than {least:g} and at most" if above_least else f"from {least:g} to"
+        raise ValueError(f"{option} must be {low} {_shown(most)}, not {_shown(value)}")
+
+
+def _shown(value: float) -> str:
+    """A number as typed: whole ones in full (1048576, not 1.04858e+06)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def popularity(k: int, kind: str, s: float) -> list[float]:

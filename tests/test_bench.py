@@ -171,6 +171,29 @@ def test_command_line_options_override_the_preset() -> None:
     assert workload.main(["--clients", "3", "--sharing", "2"]) == 2  # refused, nothing run
 
 
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [
+        (["--terms", "nan"], "--terms must be from 0 to 600, not nan"),
+        (["--terms", ","], "--terms names no term (fscache is among --systems)"),
+        (["--ttl-terms", ",", "--systems", "ttl"], "--ttl-terms names no lifetime"),
+        (["--duration", "inf"], "--duration must be more than 0 and at most 3600, not inf"),
+        (["--read-rate", "1e9"], "--read-rate must be more than 0 and at most 1000"),
+        (["--read-rate", "900", "--clients", "20"], "must be at most 10000 operations/s"),
+        (["--skew", "-1"], "--skew must be from 0 to 10, not -1"),
+        (["--processes", "0"], "--processes must be from 1 to 64 and at most --clients"),
+        (["--seed", "-1"], "--seed must be 0 or more"),
+        (["--systems", ","], "--systems names no system"),
+    ],
+)
+def test_values_a_run_cannot_take_are_one_line_of_bad_usage(
+    options: list[str], refusal: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert workload.main(["--quick", *options]) == 2  # refused, nothing run
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fscache bench: ") and refusal in err, err
+
+
 @pytest.mark.parametrize("prefix", [[], ["-v"]], ids=["bench", "-v bench"])
 def test_fscache_bench_hands_its_options_to_the_benchmark(prefix: list[str]) -> None:
     """Options after ``bench`` are the benchmark's, whatever comes before it."""
