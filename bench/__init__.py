@@ -8,14 +8,17 @@ works, and a run first asks :func:`missing_extra` what is missing.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import math
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fscache.cli import exit_interrupted
 
 BENCH_EXTRA_HINT = "pip install -e '.[bench]' in the fscache checkout"
+Number = TypeVar("Number", int, float)
 
 
 def missing_extra(*modules: str) -> str | None:
@@ -48,3 +51,29 @@ def interrupted(error: BaseException) -> bool:
     if isinstance(error, BaseExceptionGroup):
         return error.subgroup(KeyboardInterrupt) is not None
     return isinstance(error, KeyboardInterrupt)
+
+
+def bounded(
+    kind: type[Number], least: Number, most: Number | None = None
+) -> Callable[[str], Number]:
+    """An argparse type: a number of ``kind`` from ``least`` to ``most`` (no upper bound
+    if None), else bad usage. A count of 0 or a duration of nan or infinity would
+    otherwise start a run that waits for ever or fails deep inside."""
+    span = f", {shown(least)} or more" if most is None else f" from {shown(least)} to {shown(most)}"
+    nature = "a whole number" if kind is int else "a number"
+
+    def check(text: str) -> Number:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {nature}{span}, not {text!r}") from None
+        if not (math.isfinite(value) and least <= value and (most is None or value <= most)):
+            raise argparse.ArgumentTypeError(f"must be {nature}{span}, not {text}")
+        return value
+
+    return check
+
+
+def shown(value: float) -> str:
+    """A number as typed: a whole one in full (1048576, not 1.04858e+06)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"

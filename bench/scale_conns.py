@@ -67,7 +67,7 @@ import trio
 
 import fscache
 from fscache import protocol as p
-from fscache.bench import run_main
+from fscache.bench import bounded, run_main
 from fscache.bench.harness import ServerProcess, free_port, process_cpu_seconds, rss_bytes
 from fscache.bench.procs import WorkerPool, stop_command
 from fscache.cli import parse_serving_line
@@ -92,6 +92,7 @@ FLOOD_BATCH = 128  # requests it writes at once
 SETTLE = 1.0  # s after the clients connect before the server's RSS is read
 BACK_TIMEOUT = 120.0  # s every client has to come back after a restart
 WORKER_TIMEOUT = 600.0  # s a worker has to answer one command
+MAX_FAIRNESS_S = 300.0  # s of one fairness phase: well inside WORKER_TIMEOUT
 # Reads one worker has in flight when every client checks what it reads after the
 # storm. All 10,000 at once were a second storm: on a loaded 2-core machine the last
 # replies came after the client's 3 s liveness bound, and links were given up.
@@ -669,12 +670,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--term", type=float, default=TERM)
     serve.add_argument("--max-connections", type=int, default=1024)
     parser.add_argument(
-        "--clients", type=int, default=10000,
-        help="for the storm, the locks and the top row of connections (default %(default)s)",
+        "--clients", type=bounded(int, 1), default=10000, metavar="N",
+        help="for the storm, the locks and the top row of connections, 1 or more"
+        " (default %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--seconds", type=float, default=5.0, help="each fairness phase (default %(default)s)"
-    )
+        "--seconds", type=bounded(float, 0.1, MAX_FAIRNESS_S), default=5.0,
+        help=f"each fairness phase, 0.1..{MAX_FAIRNESS_S:g} (default %(default)s)",
+    )  # fmt: skip
     parser.add_argument(
         "--storm-clients-nice", type=int, choices=range(20), default=STORM_CLIENTS_NICE,
         metavar="N", help="the storm's client processes' nice value, 0-19 (default"
@@ -695,8 +698,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure("text", 0)  # what `fscache serve` logs by default
         trio.run(_serve, args.root, args.port, args.term, args.max_connections)
         return 0
-    if args.clients < 1 or args.seconds <= 0:
-        parser.error("--clients must be 1 or more and --seconds more than 0")
     counts = sorted({args.clients // 10, args.clients // 2, args.clients} - {0})
     measurements: dict[str, Callable[[], Any]] = {
         "connections": lambda: measure_connections(counts),

@@ -55,7 +55,7 @@ from typing import Any
 import trio
 
 import fscache
-from fscache.bench import run_main
+from fscache.bench import bounded, run_main
 from fscache.bench.harness import ServerProcess, process_cpu_seconds, rss_bytes, spawn
 from fscache.bench.procs import WorkerPool
 from fscache.cli import parse_serving_line
@@ -432,9 +432,13 @@ async def _timed_write(port: int) -> float:
 def _shape(text: str) -> tuple[int, int]:
     files, _, holders = text.partition("x")
     try:
-        return int(files), int(holders)
+        shape = int(files), int(holders)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a shape is FILESxHOLDERS, not {text!r}") from None
+        shape = (0, 0)
+    if min(shape) < 1:
+        message = f"a shape is FILESxHOLDERS, each 1 or more, not {text!r}"
+        raise argparse.ArgumentTypeError(message)
+    return shape
 
 
 def _main(argv: Sequence[str]) -> int:
@@ -455,17 +459,23 @@ def _main(argv: Sequence[str]) -> int:
     leases.add_argument("--trace", metavar="DIR", help="write memory reports here")
     fanout = commands.add_parser("fanout", help="a write to a file many clients hold")
     fanout.add_argument(
-        "--holders", type=int, action="append", metavar="N",
-        help="clients holding the file (repeatable; default 100, 1000 and 10000)",
+        "--holders", type=bounded(int, 1), action="append", metavar="N",
+        help="clients holding the file, 1 or more (repeatable; default 100, 1000 and 10000)",
     )  # fmt: skip
-    fanout.add_argument("--repetitions", type=int, default=5)
+    fanout.add_argument(
+        "--repetitions", type=bounded(int, 1), default=5, metavar="N",
+        help="writes timed for each count of holders (default %(default)s)",
+    )  # fmt: skip
     fanout.add_argument(
         "--holders-nice", type=int, choices=range(20), default=FANOUT_HOLDERS_NICE, metavar="N",
         help=f"the holders' processes' nice value, 0-19 (default {FANOUT_HOLDERS_NICE}; 0: the"
         " server's)",
     )  # fmt: skip
     for command in (leases, fanout):
-        command.add_argument("--processes", type=int, default=4, help="client processes")
+        command.add_argument(
+            "--processes", type=bounded(int, 1), default=4, metavar="N",
+            help="client processes (default %(default)s)",
+        )  # fmt: skip
     args = parser.parse_args(argv)
     if args.command == "leases":
         shapes = args.shape or [(100_000, 10), (1_000_000, 1)]

@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from fscache.bench import run_main
+from fscache.bench import bounded, run_main
 from fscache.bench.frames import FrameConnection
 from fscache.bench.harness import ServerProcess, echo_server, fscache_server
 from fscache.bench.procs import WorkerPool
@@ -58,6 +58,7 @@ FILE_SIZE = 64  # bytes: "a small file"
 LONG_TERM = 600.0  # leases that outlive the measurement: every warm read is a hit
 SERVER_CACHES_AFTER = 2.5  # s: the server caches only files whose ctime is this old
 LOAD_START = 0.3  # s from a throughput pass's request to its start: connections open
+MAX_SECONDS = 600.0  # a throughput pass's window: longer only delays the table
 
 TARGETS = {
     "hit_blocking": 3.0,  # at most this many baselines
@@ -361,28 +362,13 @@ _FULL = {"rounds": 7, "hit_loops": 1_000_000, "misses": 2000, "seconds": 2.0}
 _QUICK = {"rounds": 3, "hit_loops": 20_000, "misses": 200, "seconds": 0.5}
 
 
-def _at_least(least: float, kind: type[int] | type[float]) -> Callable[[str], float]:
-    """An argparse type: a number of ``kind``, ``least`` or more (bad usage otherwise)."""
-
-    def check(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value >= least:  # (nan too)
-            raise argparse.ArgumentTypeError(f"{text} is less than {least:g}")
-        return value
-
-    return check
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fscache.bench.speed",
         description=(__doc__ or "").replace("``", "").replace("**", ""),  # as plain text
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    whole, seconds = _at_least(1, int), _at_least(0.1, float)
+    whole, seconds = bounded(int, 1), bounded(float, 0.1, MAX_SECONDS)
     parser.add_argument("--out", help="write the figures as JSON to this file")
     parser.add_argument(
         "--rounds", type=whole, help=f"interleaved rounds per section (default {_FULL['rounds']})"
@@ -402,7 +388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="load generator processes (default %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--seconds", type=seconds, help=f"throughput pass window (default {_FULL['seconds']:g})"
+        "--seconds",
+        type=seconds,
+        help=f"throughput pass window, 0.1..{MAX_SECONDS:g} (default {_FULL['seconds']:g})",
     )
     parser.add_argument(
         "--quick", action="store_true",

@@ -10,7 +10,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
-from fscache.bench import model
+from fscache.bench import model, shown
 
 SYSTEMS = ("fscache", "ttl", "redis")
 QUICK_SCALE = 10.0  # --quick: rates x10, terms and skew /10 (R t_C is kept)
@@ -97,7 +97,7 @@ class Config:
         if load > MAX_LOAD:
             raise ValueError(
                 f"--clients x (--read-rate + --write-rate) must be at most {MAX_LOAD:g}"
-                f" operations/s, not {_shown(load)}"
+                f" operations/s, not {shown(load)}"
             )
         _check_range("--duration", self.duration, 0, MAX_DURATION, above_least=True)
         _check_range("--skew", self.skew, 0, MAX_SKEW)
@@ -143,12 +143,7 @@ def _check_range(
     low_ok = value > least if above_least else value >= least
     if not (low_ok and value <= most):
         low = f"more than {least:g} and at most" if above_least else f"from {least:g} to"
-        raise ValueError(f"{option} must be {low} {_shown(most)}, not {_shown(value)}")
-
-
-def _shown(value: float) -> str:
-    """A number as typed: whole ones in full (1048576, not 1.04858e+06)."""
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+        raise ValueError(f"{option} must be {low} {shown(most)}, not {shown(value)}")
 
 
 def popularity(k: int, kind: str, s: float) -> list[float]:

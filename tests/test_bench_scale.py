@@ -11,9 +11,12 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from fscache.bench import scale, scale_conns, scale_leases
+import pytest
+
+from fscache.bench import scale, scale_conns, scale_leases, speed
 
 
 def test_the_quick_run_prints_the_table_and_writes_json_and_the_plot(tmp_path: Path) -> None:
@@ -81,3 +84,29 @@ def test_the_fanout_command_refuses_a_nice_value_it_cannot_set() -> None:
 def test_fanout_progress_is_rounded_milliseconds() -> None:
     line = scale_leases._progress([0.0123456789, 0.015, 0.2])
     assert line == "write applied in 12.3, 15.0, 200.0 ms (median 15.0 ms)"
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "refusal"),
+    [
+        (scale_leases._main, ["fanout", "--holders", "0"], "--holders: must be a whole number, 1"),
+        (scale_leases._main, ["fanout", "--holders", "-2"], "--holders: must be"),
+        (scale_leases._main, ["fanout", "--repetitions", "0"], "--repetitions: must be"),
+        (scale_leases._main, ["fanout", "--processes", "0"], "--processes: must be"),
+        (scale_leases._main, ["leases", "--processes", "-1"], "--processes: must be"),
+        (scale_leases._main, ["leases", "--shape", "0x3"], "--shape: a shape is FILESxHOLDERS"),
+        (scale_conns.main, ["--clients", "0"], "--clients: must be a whole number, 1 or more"),
+        (scale_conns.main, ["--seconds", "nan"], "--seconds: must be a number from 0.1 to 300"),
+        (speed.main, ["--rounds", "0"], "--rounds: must be a whole number, 1 or more"),
+        (speed.main, ["--seconds", "inf"], "--seconds: must be a number from 0.1 to 600"),
+    ],
+)
+def test_a_count_or_duration_a_run_cannot_take_is_bad_usage(
+    main: Callable[[list[str]], int], argv: list[str], refusal: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Before anything starts: --holders 0 once left a server and its workers idle for ever."""
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert refused.value.code == 2
+    assert refusal in capsys.readouterr().err.splitlines()[-1]
