@@ -24,7 +24,16 @@ import numpy as np
 import pytest
 
 from fscache import cli
-from fscache.bench import model, plots, run_main, speed, sweep, workload, workload_config
+from fscache.bench import (
+    model,
+    plots,
+    run_main,
+    speed,
+    sweep,
+    workload,
+    workload_config,
+    workload_report,
+)
 from fscache.bench.driver import (
     RunSpec,
     decode_value,
@@ -148,6 +157,54 @@ def test_bad_configurations_are_refused() -> None:
         workload_config.Config(clients=4, sharing=2, files=3).validate()
     with pytest.raises(ValueError, match="unknown systems"):
         workload_config.Config(systems=("nfs",)).validate()
+
+
+def _run(system: str, term: float, load: float, model_error: float | None) -> dict[str, Any]:
+    return {
+        "system": system, "term": term, "server_consistency_msgs_per_s": load,
+        "model_error": model_error, "stale_reads": 0, "impossible_reads": 0,
+    }  # fmt: skip
+
+
+def test_the_targets_are_met_or_not_when_terms_0_and_above_ran() -> None:
+    runs = [_run("fscache", 0, 100.0, 0.0), _run("fscache", 10, 30.0, -0.3)]
+    line = workload_report.format_targets(workload_report.check_targets(runs))
+    assert line == (
+        "targets: every term > 0 within 25% of the model: NO (worst 30.0%);"
+        " largest term <= 1/4 of term 0: NO (0.300); fscache stale reads: 0"
+    )
+
+
+@pytest.mark.parametrize(
+    ("runs", "model", "quarter"),
+    [
+        (
+            [_run("redis", 0, 50.0, None)],
+            "not evaluated (no fscache term > 0 run)",
+            "not evaluated (no fscache term 0 run)",
+        ),
+        (
+            [_run("fscache", 0.2, 40.0, 0.1)],
+            "yes (worst 10.0%)",
+            "not evaluated (no fscache term 0 run)",
+        ),
+        (
+            [_run("fscache", 0, 40.0, 0.0)],
+            "not evaluated (no fscache term > 0 run)",
+            "not evaluated (no fscache term > 0 run)",
+        ),
+    ],
+    ids=["redis alone", "no term 0", "term 0 alone"],
+)
+def test_a_target_the_runs_cannot_decide_is_not_evaluated_rather_than_missed(
+    runs: list[dict[str, Any]], model: str, quarter: str
+) -> None:
+    targets = workload_report.check_targets(runs)
+    assert workload_report.format_targets(targets) == (
+        f"targets: every term > 0 within 25% of the model: {model};"
+        f" largest term <= 1/4 of term 0: {quarter}; fscache stale reads: 0"
+    )
+    assert targets["largest_term_at_most_quarter"] is None
 
 
 def test_quick_keeps_the_shape_of_the_curve() -> None:
