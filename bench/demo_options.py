@@ -7,7 +7,7 @@ to check the same values when they are called as functions.
 
 from __future__ import annotations
 
-from fscache.settings import BadSetting
+from fscache.settings import MAX_LOCK_TTL, BadSetting
 
 CRASH_TERM = 3.0  # seconds: the crash demo's default lease term
 MIN_TERM = 0.5  # leases must outlive the demo's own steps (start a write, kill a reader)
@@ -17,6 +17,7 @@ MAX_CLIENTS = 32
 
 ELECTION_TTL = 2.0  # seconds: the election demo's default leadership ttl
 MIN_TTL = 0.5  # the leader must renew at least once before the kill
+MAX_TTL = MAX_LOCK_TTL  # the server refuses a longer lock, in each candidate's first acquire
 ELECTION_CANDIDATES = 3
 MIN_CANDIDATES = 2  # one to kill, one to take over
 MAX_CANDIDATES = 16
@@ -43,5 +44,7 @@ def check_election(*, ttl: float, skew: float, candidates: int) -> None:
         )
     if ttl < MIN_TTL:
         raise BadSetting(f"--ttl must be at least {MIN_TTL:g} s for the demo, not {ttl:g}")
+    if ttl > MAX_TTL:
+        raise BadSetting(f"--ttl must be at most {MAX_TTL:g} s (a lock's longest), not {ttl:g}")
     if not 0 <= skew < ttl / 2:
         raise BadSetting("--skew must be at least 0 and less than half of --ttl")

@@ -93,6 +93,7 @@ def test_crash_demo_refuses_a_single_client() -> None:
         (["crash", "--skew", "3"], "--skew must be at least 0 and less than --term"),
         (["election", "--candidates", "1"], "argument --candidates: must be from 2 to 16"),
         (["election", "--ttl", "0"], "argument --ttl: must be at least 0.5 seconds: '0'"),
+        (["election", "--ttl", "301"], "--ttl must be at most 300 s (a lock's longest), not 301"),
     ],
 )
 def test_demo_options_out_of_range_are_bad_usage(
