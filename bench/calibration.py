@@ -18,7 +18,9 @@ CALIBRATION_MAX_S = 10.0
 def calibrate(cfg: Config, workdir: str) -> dict[str, float]:
     """One client, closed loop, term 0 (every read a round trip): the round trip's
     median and the server's CPU time per message. ``m_proc`` is the latter;
-    ``m_prop`` is what remains of half a round trip, ``rtt/2 - 2 m_proc``."""
+    ``m_prop`` is what remains of half a round trip, ``rtt/2 - 2 m_proc``, or 0 when
+    ``2 m_proc`` alone is more than half of it (the model's round trip, ``4 m_proc``,
+    is then longer than the measured one; :func:`describe` says so)."""
     import trio
 
     import fscache
@@ -54,4 +56,11 @@ def calibrate(cfg: Config, workdir: str) -> dict[str, float]:
     rtt = statistics.median(times)
     m_proc = cpu / messages
     m_prop = max(0.0, rtt / 2 - 2 * m_proc)
-    return {"rtt_s": rtt, "m_proc_s": m_proc, "m_prop_s": m_prop, "reads": len(times)}
+    return {
+        "rtt_s": rtt,
+        "m_proc_s": m_proc,
+        "m_prop_s": m_prop,
+        "reads": len(times),
+        "server_cpu_s": cpu,  # a whole number of CPU_TICK_S: m_proc's resolution
+        "messages": messages,
+    }

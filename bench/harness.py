@@ -23,7 +23,7 @@ from fscache.cli import parse_serving_line
 
 START_TIMEOUT = 15.0  # seconds a server may take to print its address
 STOP_TIMEOUT = 10.0
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+CPU_TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # the kernel counts CPU time in these (10 ms)
 
 
 class ServerProcess:
@@ -54,7 +54,7 @@ def process_cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds used so far by process ``pid`` (all its threads)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+    return (int(fields[11]) + int(fields[12])) * CPU_TICK_S  # utime, stime
 
 
 def rss_bytes(pid: int) -> int:

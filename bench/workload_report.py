@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from fscache.bench.harness import CPU_TICK_S
 from fscache.bench.plots import runs_of, term0_run
 from fscache.bench.workload_config import Config
 
@@ -130,9 +131,28 @@ def describe(cfg: Config, calibration: dict[str, float] | None) -> str:
         f"{cfg.duration:g} s measured per run"
     )
     if calibration:
+        text += "\n" + describe_calibration(calibration)
+    return text
+
+
+def describe_calibration(calibration: dict[str, float]) -> str:
+    """The calibration's figures, with what limits them: ``m_proc`` is server CPU time,
+    which the kernel counts in whole ticks; and ``m_prop`` is clamped at 0, when the
+    model's round trip no longer equals the measured one."""
+    rtt, m_proc, m_prop = (calibration[k] * 1e6 for k in ("rtt_s", "m_proc_s", "m_prop_s"))
+    text = f"calibration: round trip {rtt:.0f} µs, m_proc {m_proc:.1f} µs"
+    if "server_cpu_s" in calibration:
+        ticks = round(calibration["server_cpu_s"] / CPU_TICK_S)
         text += (
-            f"\ncalibration: round trip {calibration['rtt_s'] * 1e6:.0f} µs, "
-            f"m_proc {calibration['m_proc_s'] * 1e6:.1f} µs, "
-            f"m_prop {calibration['m_prop_s'] * 1e6:.1f} µs"
+            f" ({ticks} ticks of {CPU_TICK_S * 1000:g} ms of server CPU"
+            f" over {calibration['messages']:.0f} messages)"
+        )
+    text += f", m_prop {m_prop:.1f} µs"
+    if m_prop == 0 and 4 * m_proc > rtt:
+        text += (
+            f"\n  (m_prop clamped: 2 m_proc is more than half the round trip, so the model's"
+            f" round trip, 4 m_proc = {4 * m_proc:.0f} µs, and with it the term-0 model"
+            f" mean read latency, is {4 * m_proc / rtt - 1:.0%} longer than the measured"
+            " round trip)"
         )
     return text

@@ -25,6 +25,7 @@ import pytest
 
 from fscache import cli
 from fscache.bench import (
+    harness,
     model,
     plots,
     run_main,
@@ -205,6 +206,21 @@ def test_a_target_the_runs_cannot_decide_is_not_evaluated_rather_than_missed(
         f" largest term <= 1/4 of term 0: {quarter}; fscache stale reads: 0"
     )
     assert targets["largest_term_at_most_quarter"] is None
+
+
+def test_the_calibration_line_says_when_m_prop_is_clamped_and_counts_the_ticks() -> None:
+    tick = harness.CPU_TICK_S
+    clamped = {"rtt_s": 143e-6, "m_proc_s": 40e-6, "m_prop_s": 0.0,
+               "server_cpu_s": 16 * tick, "messages": 16 * tick / 40e-6}  # fmt: skip
+    first, note = workload_report.describe_calibration(clamped).splitlines()
+    assert f"m_proc 40.0 µs (16 ticks of {tick * 1000:g} ms of server CPU" in first
+    # 4 m_proc = 160 µs, 160/143 - 1 = 12%
+    assert "4 m_proc = 160 µs" in note and "12% longer than the measured round trip" in note
+    # m_prop > 0: 2 (m_prop + 2 m_proc) is the measured round trip; nothing to say
+    fitted = {"rtt_s": 300e-6, "m_proc_s": 40e-6, "m_prop_s": 70e-6}
+    assert workload_report.describe_calibration(fitted) == (
+        "calibration: round trip 300 µs, m_proc 40.0 µs, m_prop 70.0 µs"
+    )
 
 
 def test_quick_keeps_the_shape_of_the_curve() -> None:
