@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 
 import fscache
-from fscache.bench import run_main
+from fscache.bench import bounded, run_main
 from fscache.bench.harness import fscache_server
 from fscache.bench.mount_speed import medians, mounted
 
@@ -125,9 +125,19 @@ def ranged_against_miss(address: str, big_size: int, rounds: int) -> dict[str, f
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fscache.bench.bigfiles", description=__doc__)
-    parser.add_argument("--size-mib", type=int, default=2048, help="the copied file (MiB)")
-    parser.add_argument("--rounds", type=int, default=200, help="rounds of the two reads")
+    parser = argparse.ArgumentParser(
+        prog="python -m fscache.bench.bigfiles",
+        description=(__doc__ or "").replace("``", ""),  # as plain text
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the bullets apart
+    )
+    parser.add_argument(
+        "--size-mib", type=bounded(int, 1), default=2048,
+        help="the copied file, MiB; the ranged read's file is about half (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rounds", type=bounded(int, 1), default=200,
+        help="rounds of the two reads (default %(default)s)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if shutil.which("fusermount3") is None:
         raise SystemExit("fusermount3 is not installed (apt-get install fuse3)")

@@ -57,7 +57,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from fscache.bench import run_main
+from fscache.bench import bounded, run_main
 from fscache.bench.harness import START_TIMEOUT, serve_argv
 from fscache.cli import parse_serving_line
 
@@ -525,17 +525,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Random reads and writes under a nemesis that kills clients and the "
         "server; checks that no read was stale. Exit status 1 on any anomaly.",
     )
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds of load")
-    parser.add_argument("--clients", type=int, default=4, help="worker processes")
-    parser.add_argument("--files", type=int, default=3, help="files they share")
-    parser.add_argument("--kill-every", type=float, default=3.0,
-                        help="mean seconds between faults (0: no faults)")  # fmt: skip
-    parser.add_argument("--term", type=float, default=1.0, help="lease term, seconds")
-    parser.add_argument("--skew", type=float, default=0.1, help="skew allowance, seconds")
-    parser.add_argument("--write-ratio", type=float, default=0.3)
-    parser.add_argument("--think", type=float, default=0.01, help="max pause between ops, s")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--keep", metavar="DIR", help="keep the root and logs in DIR (new)")
+    add = parser.add_argument
+    add("--duration", type=bounded(float, 0.1), default=30.0,
+        help="seconds of load (default %(default)s)")  # fmt: skip
+    add("--clients", type=bounded(int, 1), default=4,
+        help="worker processes (default %(default)s)")  # fmt: skip
+    add("--files", type=bounded(int, 1), default=3, help="files they share (default %(default)s)")
+    add("--kill-every", type=bounded(float, 0.0), default=3.0,
+        help="mean seconds between faults, 0: no faults (default %(default)s)")  # fmt: skip
+    add("--term", type=bounded(float, 0.0), default=1.0,
+        help="lease term, seconds (default %(default)s)")  # fmt: skip
+    add("--skew", type=bounded(float, 0.0), default=0.1,
+        help="skew allowance, seconds (default %(default)s)")  # fmt: skip
+    add("--write-ratio", type=bounded(float, 0.0, 1.0), default=0.3,
+        help="the share of operations that write (default %(default)s)")  # fmt: skip
+    add("--think", type=bounded(float, 0.0), default=0.01,
+        help="longest pause between a client's operations, seconds"
+        " (default %(default)s)")  # fmt: skip
+    add("--seed", type=int, help="the random seed (default: a new one each run, printed)")
+    add("--keep", metavar="DIR",
+        help="keep the root and logs in DIR, which must not exist (default: a temporary"
+        " directory, removed)")  # fmt: skip
     # a worker process (started by the nemesis)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -551,8 +561,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed, write_ratio=args.write_ratio, think=args.think,
         ))  # fmt: skip
         return 0
-    if args.clients < 1 or args.files < 1:
-        parser.error("--clients and --files must be at least 1")
     report = run(
         duration=args.duration, clients=args.clients, files=args.files,
         kill_every=args.kill_every, term=args.term, skew=args.skew, seed=args.seed,
