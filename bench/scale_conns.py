@@ -525,7 +525,7 @@ def measure_restart_storm(
                 f"restart storm: {sum(map(math.isfinite, back))} of {clients} clients back,"
                 f" the last {max(back):.2f} s after the server listened, which used"
                 f" {server_cpu:.1f} s of CPU meanwhile; the kernel dropped {drops}"
-                f" connection attempts ({overflows} for a full accept queue); writing",
+                f" connection attempts ({overflows} for a full accept queue)",
                 file=sys.stderr, flush=True,
             )  # fmt: skip
             new = b"generation 1"
