@@ -4,6 +4,7 @@ write ``results.json``, ``table.txt`` and the plots."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import shutil
@@ -83,6 +84,10 @@ def run_benchmark(cfg: Config, out_dir: str, *, progress: bool = True) -> dict[s
         for i, (system, term, planned_s) in enumerate(planned):
             runs.append(execute_run(i, system, term, cfg, plans, pool, workdir, bar, costs, rates))
             bar.finish_run(planned_s)
+        # Each trio.run leaves its runner, nurseries and tasks in reference cycles. Left
+        # to a later collection, perhaps at exit, a Ctrl-C can land in a nursery's
+        # __del__: Python prints it as ignored and the process exits 0, not interrupted.
+        gc.collect()
         failed = False
     finally:
         bar.close()
