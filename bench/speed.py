@@ -58,6 +58,7 @@ FILE_SIZE = 64  # bytes: "a small file"
 LONG_TERM = 600.0  # leases that outlive the measurement: every warm read is a hit
 SERVER_CACHES_AFTER = 2.5  # s: the server caches only files whose ctime is this old
 LOAD_START = 0.3  # s from a throughput pass's request to its start: connections open
+WORKER_START_TIMEOUT = 60.0  # s for a spawned load generator to import and answer
 MAX_SECONDS = 600.0  # a throughput pass's window: longer only delays the table
 
 TARGETS = {
@@ -268,6 +269,10 @@ def measure_throughput(
         echo_server(wire=True) as echo_wire,
         WorkerPool(_load_generator, processes, name="load-generator") as pool,
     ):
+        # An empty round first: a pass's clock starts LOAD_START after its request,
+        # and workers still importing would miss all of the first pass's window.
+        pool.send_all([(0, [], 0.0, 0.0, 0.0)] * processes)
+        pool.receive_all(WORKER_START_TIMEOUT)
 
         def load_pass(server: ServerProcess) -> Callable[[], tuple[float, float]]:
             return lambda: run_load(pool, server, shares, seconds)
