@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     election = demo_sub.add_parser("election", help="kill the leader; watch the hand-over")
     election.add_argument(
         "--ttl", type=_seconds_from(d.MIN_TTL), default=d.ELECTION_TTL,
-        help=f"leadership lock ttl, seconds, at least {d.MIN_TTL:g} (default %(default)s)",
+        help=f"leadership lock ttl, seconds, {d.MIN_TTL:g}..{d.MAX_TTL:g} (default %(default)s)",
     )  # fmt: skip
     election.add_argument(
         "--skew", type=_seconds, default=DEFAULT_SKEW,
@@ -427,6 +427,8 @@ def _main(argv: list[str]) -> int:
             _flush_stdout()  # here, where a failure is reported, not at exit
             return status
         except BaseExceptionGroup as group:  # trio groups what a nursery raised
+            if group.subgroup(KeyboardInterrupt) is not None:  # Ctrl-C beside others
+                raise KeyboardInterrupt from None
             leaf = _single_leaf(group)
             if leaf is None:
                 raise

@@ -109,7 +109,7 @@ def test_demo_options_out_of_range_are_bad_usage(
 @pytest.mark.parametrize(
     ("demo", "shown"),
     [("crash", ["at least 0.5 (default 3.0)", "2..32 (default 3)"]),
-     ("election", ["at least 0.5 (default", "2..16 (default 3)"])],
+     ("election", ["0.5..300 (default", "2..16 (default 3)"])],
 )  # fmt: skip
 def test_demo_help_shows_the_ranges_and_defaults(demo: str, shown: list[str]) -> None:
     result = subprocess.run(
