@@ -10,6 +10,7 @@ reports is checked in process, under ``autojump_clock`` over memory streams
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +175,10 @@ def test_text_logs_keep_events_quiet_and_say_the_rest(root: Path, tmp_path: Path
     assert not text.startswith("{")
 
 
-def test_the_formatter_writes_one_object_with_the_event_and_its_fields() -> None:
+@contextlib.contextmanager
+def kept_events() -> Iterator[list[logging.LogRecord]]:
+    """The event records logged meanwhile, at INFO and with no filter (as a JSON log
+    has them), whatever the logger's own settings are; they are restored after."""
     records: list[logging.LogRecord] = []
 
     class Keep(logging.Handler):
@@ -182,13 +187,20 @@ def test_the_formatter_writes_one_object_with_the_event_and_its_fields() -> None
 
     handler = Keep()
     EVENTS.addHandler(handler)
-    level = EVENTS.level
+    level, filters = EVENTS.level, EVENTS.filters
     EVENTS.setLevel(logging.INFO)
+    EVENTS.filters = []
     try:
-        event("connect", "client %s connected", "a", peer="127.0.0.1:1", session="s.1")
+        yield records
     finally:
         EVENTS.removeHandler(handler)
         EVENTS.setLevel(level)
+        EVENTS.filters = filters
+
+
+def test_the_formatter_writes_one_object_with_the_event_and_its_fields() -> None:
+    with kept_events() as records:
+        event("connect", "client %s connected", "a", peer="127.0.0.1:1", session="s.1")
 
     line = json.loads(JsonFormatter().format(records[0]))
     assert line["event"] == "connect"
@@ -312,22 +324,10 @@ def test_the_throttle_lets_one_a_second_through_and_counts_the_rest() -> None:
 def test_only_the_text_log_which_hides_throttled_events_says_it_hid_some() -> None:
     """JSON and ``-v`` have every ``tls_refused``: no line of theirs may claim that
     others were left out. The text log's filter hides the quiet ones and counts them."""
-    records: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    handler = Keep()
-    EVENTS.addHandler(handler)
-    filters, EVENTS.filters = EVENTS.filters, []  # as configured for JSON
     throttle = Throttle(1.0)
-    try:
+    with kept_events() as records:
         for now in (10.0, 10.2, 10.5, 11.1):
             loud_event(throttle, now, "tls_refused", "%s: TLS handshake refused", "p", peer="p")
-    finally:
-        EVENTS.removeHandler(handler)
-        EVENTS.filters = filters
 
     lines = [json.loads(JsonFormatter().format(record)) for record in records]
     assert [line["message"] for line in lines] == ["p: TLS handshake refused"] * 4
