@@ -35,6 +35,7 @@ from fscache.settings import (
     MAX_OUTBOX,
     MAX_PENDING_WRITE_BYTES,
     MAX_PENDING_WRITE_BYTES_TOTAL,
+    MAX_TERM,
     SEND_TIMEOUT,
     BadSetting,
     check_duration,
@@ -175,11 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument(
         "--term", type=_seconds, default=DEFAULT_TERM,
-        help="lease term, seconds (default %(default)s)",
+        help=f"lease term, seconds, 0..{MAX_TERM:g} (default %(default)s)",
     )  # fmt: skip
     serve.add_argument(
         "--skew", type=_seconds, default=DEFAULT_SKEW,
-        help="clock skew allowance, seconds (default %(default)s)",
+        help=f"clock skew allowance, seconds, 0..{MAX_TERM:g} (default %(default)s)",
     )  # fmt: skip
     serve.add_argument(
         "--hot-writes", type=_count, default=DEFAULT_HOT_WRITES,
@@ -188,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument(
         "--session-ttl", type=_seconds,
-        help="a disconnected session's life, seconds (default: term + skew, at least 5)",
+        help="a disconnected session's life, seconds, at least 1"
+        " (default: term + skew, at least 5)",
     )  # fmt: skip
     serve.add_argument(
         "--tls", metavar="DIR",
