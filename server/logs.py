@@ -112,7 +112,9 @@ def wall_time(seconds: float) -> str:
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: ``ts``, ``level``, ``event``, ``message``, the
-    event's fields, and ``error`` (the traceback) when there is one."""
+    event's fields, and ``error`` (the traceback) when there is one. A field that is
+    an infinite or NaN number is written as a string (``"inf"``, ``"nan"``): JSON has
+    no such numbers, and strict parsers refuse Python's ``Infinity``."""
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -121,8 +123,12 @@ class JsonFormatter(logging.Formatter):
             "event": getattr(record, "event", "log"),
             "logger": record.name,
             "message": record.getMessage(),
-            **getattr(record, "fields", {}),
-        }
+            **{
+                name: str(value) if isinstance(value, float) and not math.isfinite(value)
+                else value
+                for name, value in getattr(record, "fields", {}).items()
+            },
+        }  # fmt: skip
         if record.exc_info:
             line["error"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)

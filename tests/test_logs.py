@@ -210,6 +210,12 @@ def test_the_formatter_writes_one_object_with_the_event_and_its_fields() -> None
     assert line["ts"].endswith("+00:00")
     plain = logging.LogRecord("fscache.server", logging.WARNING, "x", 1, "plain %d", (7,), None)
     assert json.loads(JsonFormatter().format(plain))["event"] == "log"
+    with kept_events() as records:
+        event("odd", "odd numbers", wait=math.inf, ratio=math.nan, seconds=1.5)
+    strict = json.loads(  # JSON has no infinite number: strict parsers refuse them
+        JsonFormatter().format(records[0]), parse_constant=lambda name: pytest.fail(name)
+    )
+    assert (strict["wait"], strict["ratio"], strict["seconds"]) == ("inf", "nan", 1.5)
 
 
 def test_a_time_the_calendar_cannot_show_is_said_against_its_bound() -> None:
