@@ -1080,19 +1080,18 @@ class Client:
     async def _read_whole(self, path: str, *, join: bool = True) -> bytes | p.Chunk:
         """``path`` read whole from the server, or the answer to a read of it already
         on its way (if ``join``, and if that answer may be taken: see :func:`_leased`)."""
-        shared = self._inflight.get(path) if join else None
-        if shared is not None:
+        if join:  # (not when asking again: the miss is counted once)
             self._counters.misses += 1
-            await shared.wait()
-            if _leased(shared, self._clock() + self._cache.skew) or isinstance(
-                shared.error, Unavailable
-            ):
-                self._counters.reads_shared += 1
-                return self._read_result(shared)
-            return await self._read_whole(path, join=False)  # a request of our own
+            shared = self._inflight.get(path)
+            if shared is not None:
+                await shared.wait()
+                if _leased(shared, self._clock() + self._cache.skew) or isinstance(
+                    shared.error, Unavailable
+                ):
+                    self._counters.reads_shared += 1
+                    return self._read_result(shared)
+                return await self._read_whole(path, join=False)  # a request of our own
         entry = self._cache.get(path)
-        if join:
-            self._counters.misses += 1
         request = _Request(path)
         if entry is not None:  # revalidate it: an unchanged file costs no data
             request.have = entry.version
