@@ -7,10 +7,11 @@ to check the same values when they are called as functions.
 
 from __future__ import annotations
 
-from fscache.settings import MAX_LOCK_TTL, BadSetting
+from fscache.settings import MAX_LOCK_TTL, MAX_TERM, BadSetting
 
 CRASH_TERM = 3.0  # seconds: the crash demo's default lease term
 MIN_TERM = 0.5  # leases must outlive the demo's own steps (start a write, kill a reader)
+MAX_CRASH_TERM = MAX_TERM  # the server refuses a longer term
 CRASH_CLIENTS = 3
 MIN_CLIENTS = 2  # one to kill, one to approve
 MAX_CLIENTS = 32
@@ -32,6 +33,10 @@ def check_crash(*, term: float, skew: float, clients: int) -> None:
         )
     if term < MIN_TERM:
         raise BadSetting(f"--term must be at least {MIN_TERM:g} s for the demo, not {term:g}")
+    if term > MAX_CRASH_TERM:
+        raise BadSetting(
+            f"--term must be at most {MAX_CRASH_TERM:g} s (a server's longest), not {term:g}"
+        )
     if not 0 <= skew < term:
         raise BadSetting("--skew must be at least 0 and less than --term")
 

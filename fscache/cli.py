@@ -315,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     crash = demo_sub.add_parser("crash", help="kill a lease holder; watch the writer proceed")
     crash.add_argument(
         "--term", type=_seconds_from(d.MIN_TERM), default=d.CRASH_TERM,
-        help=f"lease term, seconds, at least {d.MIN_TERM:g} (default %(default)s)",
+        help=f"lease term, seconds, {d.MIN_TERM:g}..{d.MAX_CRASH_TERM:g} (default %(default)s)",
     )  # fmt: skip
     crash.add_argument(
         "--skew", type=_seconds, default=DEFAULT_SKEW,
