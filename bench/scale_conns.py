@@ -477,15 +477,15 @@ def measure_connections(counts: Sequence[int]) -> list[dict[str, float]]:
             server = start_server(root, max_connections=count + 16)
             pool = WorkerPool(_worker, len(shares), name="scale-client")
             try:
-                time.sleep(SETTLE)
-                baseline = rss_bytes(server.pid)
-                _connect(pool, shares, server.port, "connect_raw")
-                time.sleep(SETTLE)
-                rss = rss_bytes(server.pid)
-                pool.send_all([("close",)] * len(shares))
-                pool.receive_all(WORKER_TIMEOUT)
+                with pool:  # stopped at once if this fails or is interrupted
+                    time.sleep(SETTLE)
+                    baseline = rss_bytes(server.pid)
+                    _connect(pool, shares, server.port, "connect_raw")
+                    time.sleep(SETTLE)
+                    rss = rss_bytes(server.pid)
+                    pool.send_all([("close",)] * len(shares))
+                    pool.receive_all(WORKER_TIMEOUT)
             finally:
-                pool.close()
                 server.stop()
         rows.append({
             "clients": float(count),
@@ -509,33 +509,33 @@ def measure_restart_storm(
         pool = WorkerPool(_worker, len(shares), name="scale-client")
         nice = pool.renice(clients_nice)
         try:
-            _connect(pool, shares, port)
-            pool.send_all([("wait_back", BACK_TIMEOUT)] * len(shares))
-            dropped_before = listen_drops()
-            os.kill(server.pid, signal.SIGKILL)
-            server.stop()
-            server = start_server(root, port=port, max_connections=clients + 16)
-            up = time.monotonic()
-            back = [t - up for times in pool.receive_all(WORKER_TIMEOUT) for t in times]
-            server_cpu = process_cpu_seconds(server.pid)
-            dropped_after = listen_drops()
-            overflows = dropped_after[0] - dropped_before[0]
-            drops = dropped_after[1] - dropped_before[1]
-            print(
-                f"restart storm: {sum(map(math.isfinite, back))} of {clients} clients back,"
-                f" the last {max(back):.2f} s after the server listened, which used"
-                f" {server_cpu:.1f} s of CPU meanwhile; the kernel dropped {drops}"
-                f" connection attempts ({overflows} for a full accept queue)",
-                file=sys.stderr, flush=True,
-            )  # fmt: skip
-            new = b"generation 1"
-            refused_by_server = trio.run(_write_and_count_refusals, port, new)
-            pool.send_all([("read_all", SHARED_FILE, new)] * len(shares))
-            results = pool.receive_all(WORKER_TIMEOUT)
-            pool.send_all([("close",)] * len(shares))
-            pool.receive_all(WORKER_TIMEOUT)
+            with pool:  # stopped at once if this fails or is interrupted
+                _connect(pool, shares, port)
+                pool.send_all([("wait_back", BACK_TIMEOUT)] * len(shares))
+                dropped_before = listen_drops()
+                os.kill(server.pid, signal.SIGKILL)
+                server.stop()
+                server = start_server(root, port=port, max_connections=clients + 16)
+                up = time.monotonic()
+                back = [t - up for times in pool.receive_all(WORKER_TIMEOUT) for t in times]
+                server_cpu = process_cpu_seconds(server.pid)
+                dropped_after = listen_drops()
+                overflows = dropped_after[0] - dropped_before[0]
+                drops = dropped_after[1] - dropped_before[1]
+                print(
+                    f"restart storm: {sum(map(math.isfinite, back))} of {clients} clients back,"
+                    f" the last {max(back):.2f} s after the server listened, which used"
+                    f" {server_cpu:.1f} s of CPU meanwhile; the kernel dropped {drops}"
+                    f" connection attempts ({overflows} for a full accept queue)",
+                    file=sys.stderr, flush=True,
+                )  # fmt: skip
+                new = b"generation 1"
+                refused_by_server = trio.run(_write_and_count_refusals, port, new)
+                pool.send_all([("read_all", SHARED_FILE, new)] * len(shares))
+                results = pool.receive_all(WORKER_TIMEOUT)
+                pool.send_all([("close",)] * len(shares))
+                pool.receive_all(WORKER_TIMEOUT)
         finally:
-            pool.close()
             server.stop()
     stale = sum(s for s, _ in results)
     failed = sum(f for _, f in results)
@@ -565,23 +565,23 @@ def measure_locks(
         server = start_server(root, max_connections=clients + 16)
         pool = WorkerPool(_worker, len(shares), name="scale-locks")
         try:
-            began = time.monotonic()
-            firsts = [sum(shares[:i]) for i in range(len(shares))]
-            pool.send_all([
-                ("hold_locks", "127.0.0.1", server.port, n, first, ttl)
-                for n, first in zip(shares, firsts, strict=True)
-            ])  # fmt: skip
-            taken = sum(pool.receive_all(WORKER_TIMEOUT))
-            all_held = time.monotonic() - began
-            time.sleep(ttl / 3)  # every lock renewed once since the last was taken
-            cpu_before, window_began = process_cpu_seconds(server.pid), time.monotonic()
-            time.sleep(seconds)
-            cpu = process_cpu_seconds(server.pid) - cpu_before
-            window = time.monotonic() - window_began
-            pool.send_all([("close",)] * len(shares))
-            lost = sum(pool.receive_all(WORKER_TIMEOUT))
+            with pool:  # stopped at once if this fails or is interrupted
+                began = time.monotonic()
+                firsts = [sum(shares[:i]) for i in range(len(shares))]
+                pool.send_all([
+                    ("hold_locks", "127.0.0.1", server.port, n, first, ttl)
+                    for n, first in zip(shares, firsts, strict=True)
+                ])  # fmt: skip
+                taken = sum(pool.receive_all(WORKER_TIMEOUT))
+                all_held = time.monotonic() - began
+                time.sleep(ttl / 3)  # every lock renewed once since the last was taken
+                cpu_before, window_began = process_cpu_seconds(server.pid), time.monotonic()
+                time.sleep(seconds)
+                cpu = process_cpu_seconds(server.pid) - cpu_before
+                window = time.monotonic() - window_began
+                pool.send_all([("close",)] * len(shares))
+                lost = sum(pool.receive_all(WORKER_TIMEOUT))
         finally:
-            pool.close()
             server.stop()
     print(
         f"locks: {taken} of {clients} held, after {all_held:.1f} s; server CPU"
@@ -621,16 +621,16 @@ def measure_fairness(seconds: float = 5.0) -> dict[str, float]:
         pool = WorkerPool(_worker, 2, name="scale-fairness")
         prober, flooder = pool.pipes
         try:
-            prober.send(("probe", "127.0.0.1", server.port, seconds))
-            idle = _receive(pool, 0)
-            flooder.send(("flood", "127.0.0.1", server.port))
-            time.sleep(0.5)  # the flood is under way
-            prober.send(("probe", "127.0.0.1", server.port, seconds))
-            loaded = _receive(pool, 0)
-            flooder.send(("stop_flood",))
-            _receive(pool, 1)
+            with pool:  # stopped at once if this fails or is interrupted
+                prober.send(("probe", "127.0.0.1", server.port, seconds))
+                idle = _receive(pool, 0)
+                flooder.send(("flood", "127.0.0.1", server.port))
+                time.sleep(0.5)  # the flood is under way
+                prober.send(("probe", "127.0.0.1", server.port, seconds))
+                loaded = _receive(pool, 0)
+                flooder.send(("stop_flood",))
+                _receive(pool, 1)
         finally:
-            pool.close()
             server.stop()
     idle_median = statistics.median(idle)
     loaded_median = statistics.median(loaded)

@@ -289,15 +289,22 @@ class Holders:
         self.processes = max(1, min(processes, len(specs)))
         self.pool = WorkerPool(_worker, self.processes, name="holders")
         share = [list(specs[n :: self.processes]) for n in range(self.processes)]
-        self.pool.send_all([(address, s) for s in share])
-        self.pool.receive_all(timeout=3600)
+        try:
+            self.pool.send_all([(address, s) for s in share])
+            self.pool.receive_all(timeout=3600)
+        except BaseException:  # interrupted while they connect: stop them at once
+            self.pool.close(at_once=True)
+            raise
 
     def read_all(self) -> None:
         self.pool.send_all(["read"] * self.processes)
         self.pool.receive_all(timeout=3600)
 
-    def close(self) -> None:
-        self.pool.close()
+    def __enter__(self) -> Holders:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.pool.close(at_once=kind is not None)  # a failed or interrupted run: at once
 
 
 # ---------------------------------------------------------------- measurements
@@ -326,14 +333,11 @@ def measure_leases(
                     os.unlink(trace)
             with scale_server(root, trace=trace) as server:
                 baseline = rss_bytes(server.pid)
-                holding = Holders(("127.0.0.1", server.port), specs, processes)
-                try:
+                with Holders(("127.0.0.1", server.port), specs, processes):
                     leases = trio.run(_live_leases, server.port)
                     rss = rss_bytes(server.pid)
                     if trace is not None:
                         _await_report(server, trace)
-                finally:
-                    holding.close()
             rows.append(
                 {
                     "files": files,
@@ -384,7 +388,7 @@ def measure_fanout(
                 holding = Holders(("127.0.0.1", server.port), [spec] * n, processes)
                 pids = [process.pid for process in holding.pool.processes]
                 nice = holding.pool.renice(holders_nice)
-                try:
+                with holding:
                     times, server_cpu, holders_cpu = [], [], []
                     for rep in range(repetitions):
                         if rep:
@@ -394,8 +398,6 @@ def measure_fanout(
                         times.append(trio.run(_timed_write, server.port))
                         server_cpu.append(server.cpu_seconds() - before[0])
                         holders_cpu.append(_cpu_of(pids) - before[1])
-                finally:
-                    holding.close()
                 print(f"fan-out to {n} holders: {_progress(times)}", file=sys.stderr, flush=True)
                 rows.append(
                     {
