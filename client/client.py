@@ -1079,15 +1079,13 @@ class Client:
 
     async def _read_whole(self, path: str, *, join: bool = True) -> bytes | p.Chunk:
         """``path`` read whole from the server, or the answer to a read of it already
-        on its way (if ``join``, and if that answer may be taken: see :func:`_leased`)."""
+        on its way (if ``join``, and if that answer may be taken: see :meth:`_leased`)."""
         if join:  # (not when asking again: the miss is counted once)
             self._counters.misses += 1
             shared = self._inflight.get(path)
             if shared is not None:
                 await shared.wait()
-                if _leased(shared, self._clock() + self._cache.skew) or isinstance(
-                    shared.error, Unavailable
-                ):
+                if self._leased(shared) or isinstance(shared.error, Unavailable):
                     self._counters.reads_shared += 1
                     return self._read_result(shared)
                 return await self._read_whole(path, join=False)  # a request of our own
@@ -1112,6 +1110,24 @@ class Client:
             if self._inflight.get(path) is request:
                 del self._inflight[path]
         return self._read_result(request)
+
+    def _leased(self, request: _Request) -> bool:
+        """Whether a reader that joined ``request`` (sent before that reader began) may
+        take its answer: only if the server granted a lease with it that we still trust
+        (the cache's rule, :meth:`LeaseCache.expiry`). A write the server applies after
+        a lease's grant waits for our approval, which the server asks only after that
+        reply on the same connection, or for the lease to run out: so no write was
+        acknowledged between the answer and a join. Without a lease (term 0: a file
+        written often, or a server with no caching), with one already run out, with an
+        error (``NotFound``) or a cancelled sender, a write may have been acknowledged
+        to its writer since the request was sent, and the joiner, which began after
+        that, must not be answered from before it."""
+        reply = request.reply
+        return (
+            request.error is None
+            and isinstance(reply, p.Data | p.NotModified | p.Chunk)
+            and self._cache.expiry(reply.term, request.sent_at) > self._clock()
+        )
 
     def _read_result(self, request: _Request) -> bytes | p.Chunk:
         if request.error is not None:
@@ -1919,25 +1935,6 @@ def _chain(
         return waiting.pop(0) if waiting else await rest()
 
     return next_part
-
-
-def _leased(request: _Request, trusted_past: float) -> bool:
-    """Whether a reader that joined ``request`` (sent before that reader began) may take
-    its answer: only if the server granted a lease with it that we still trust
-    (``sent_at + term - skew`` after now, ``trusted_past`` being now plus the skew). A
-    write the server applies after a lease's grant waits for our approval, which the
-    server asks only after that reply on the same connection, or for the lease to run
-    out: so no write was acknowledged between the answer and a join. Without a lease
-    (term 0: a file written often, or a server with no caching), with one already run
-    out, with an error (``NotFound``) or a cancelled sender, a write may have been
-    acknowledged to its writer since the request was sent, and the joiner, which began
-    after that, must not be answered from before it."""
-    reply = request.reply
-    return (
-        request.error is None
-        and isinstance(reply, p.Data | p.NotModified | p.Chunk)
-        and request.sent_at + reply.term > trusted_past
-    )
 
 
 def _copy_error(error: BaseException) -> BaseException:

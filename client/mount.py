@@ -665,7 +665,7 @@ class FscacheOperations:
             st = StatResult(open_file.path, open_file.modified_ns, size, False)
             return Entry(dataclasses.replace(self._attributes(inode, st).attributes, nlink=0), 0.0)
         path = self._path(inode)
-        if self._local(path) is None and any(path == of for of, _ in self._listings.values()):
+        if any(path == of for of, _ in self._listings.values()) and self._local(path) is None:
             # A directory open for reading (``find``: open, fstat, getdents): list it
             # now, as its readdir will, and its leased listing answers this (and keeps
             # it in the kernel), instead of a stat first.

@@ -207,7 +207,7 @@ class LeaseCache:
             if self.files[path].version > version:
                 return []
             self._drop_chunks(path)
-        expiry = self._expiry(term, sent_at)
+        expiry = self.expiry(term, sent_at)
         if expiry <= sent_at or len(data) > self.max_bytes:
             self.drop(path)  # term too short to trust (or data too big): do not cache
             return [path] if old is not None else []
@@ -224,7 +224,7 @@ class LeaseCache:
             return self._extend_chunks(path, chunks, version, term, sent_at)
         listing = self.listings.get(path)
         if listing is not None:
-            expiry = self._expiry(term, sent_at)
+            expiry = self.expiry(term, sent_at)
             if listing.version != version or expiry <= sent_at:
                 self.drop(path)
                 return False
@@ -234,7 +234,7 @@ class LeaseCache:
         entry = self.entries.get(path)
         if entry is None or entry.version != version:
             return False
-        expiry = self._expiry(term, sent_at)
+        expiry = self.expiry(term, sent_at)
         if expiry <= sent_at:
             self.drop(path)
             return False
@@ -331,7 +331,7 @@ class LeaseCache:
             ):
                 self.drop(path)  # an older version: the file changed
             return []
-        expiry = self._expiry(term, sent_at)
+        expiry = self.expiry(term, sent_at)
         if expiry <= sent_at or len(data) > self.max_bytes:
             return [path] if self.drop(path) else []
         if whole is not None:
@@ -361,7 +361,7 @@ class LeaseCache:
     def _extend_chunks(
         self, path: str, chunks: Chunks, version: int, term: float, sent_at: float
     ) -> bool:
-        expiry = self._expiry(term, sent_at)
+        expiry = self.expiry(term, sent_at)
         if chunks.version != version or expiry <= sent_at:
             self.drop(path)
             return False
@@ -398,7 +398,7 @@ class LeaseCache:
         if old is not None and old.version > version:
             return []
         self._drop_listing(key)  # stored again below, if at all: it becomes the newest
-        expiry = self._expiry(term, sent_at)
+        expiry = self.expiry(term, sent_at)
         if expiry <= sent_at:
             return []
         size = len(entries) * LISTING_NAME_BYTES
@@ -421,7 +421,9 @@ class LeaseCache:
         self.listing_bytes -= len(listing.entries) * LISTING_NAME_BYTES
         return True
 
-    def _expiry(self, term: float, sent_at: float) -> float:
+    def expiry(self, term: float, sent_at: float) -> float:
+        """When a lease of ``term`` on a request sent at ``sent_at`` stops being
+        trusted, on this client's clock: the one rule of every cached entry."""
         return sent_at + term - self.skew
 
     def _evict(self, keep: str) -> list[str]:

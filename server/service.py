@@ -315,12 +315,10 @@ def _load_incarnation(store: Store) -> dict[str, Any] | None:
 def _seconds(record: dict[str, Any], field: str, otherwise: float) -> float:
     """``record[field]`` as seconds, at most :data:`MAX_TERM`; ``otherwise`` if it is
     missing or not a finite number >= 0."""
-    value = record.get(field)
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    try:
+        return min(check_duration(field, record.get(field)), MAX_TERM)
+    except BadSetting:
         return otherwise
-    if not math.isfinite(value) or value < 0:
-        return otherwise
-    return min(float(value), MAX_TERM)
 
 
 def _save_incarnation(store: Store, **record: float | bool) -> None:
