@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from fscache.cli import exit_interrupted
+from fscache.command import exit_interrupted
 
 BENCH_EXTRA_HINT = "pip install -e '.[bench]' in the fscache checkout"
 Number = TypeVar("Number", int, float)

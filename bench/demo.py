@@ -24,7 +24,7 @@ from fscache.bench.demo_console import Console
 from fscache.bench.demo_options import CRASH_CLIENTS, CRASH_TERM, check_crash
 from fscache.bench.demo_reader import Abort
 from fscache.bench.demo_script import CrashDemo, Interrupted, Tolerances
-from fscache.cli import exit_interrupted
+from fscache.command import exit_interrupted
 from fscache.errors import FscacheError
 
 

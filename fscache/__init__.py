@@ -10,7 +10,6 @@ with fscache.connect("127.0.0.1:7710") as c:              # from ordinary code
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from fscache.cache import DirEntry
 from fscache.errors import (
     BadPath,
     Conflict,
@@ -32,6 +31,7 @@ from fscache.errors import (
 from fscache.settings import BadSetting
 
 if TYPE_CHECKING:  # the real types for type checkers; imported lazily at run time
+    from fscache.cache import DirEntry
     from fscache.client.blocking import BlockingClient, BlockingLock, connect
     from fscache.client.client import Client, StatResult, open_client
     from fscache.client.watch import Change
@@ -77,6 +77,10 @@ def __getattr__(name: str) -> Any:
         from fscache.client import client
 
         return getattr(client, name)
+    if name == "DirEntry":  # fscache.cache loads dataclasses, a third of a command's start
+        from fscache import cache
+
+        return cache.DirEntry
     if name == "Change":
         from fscache.client import watch
 

@@ -1,5 +1,5 @@
 import sys
 
-from fscache.cli import main
+from fscache.command import main
 
 sys.exit(main())

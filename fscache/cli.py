@@ -20,6 +20,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TextIO, TypeVar
 
+from fscache.command import exit_interrupted
 from fscache.errors import BadPath, FscacheError, Unauthorized, Unavailable
 from fscache.settings import (
     DEFAULT_HOST,
@@ -52,18 +53,6 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_UNAUTHORIZED = 4
-
-
-def exit_interrupted() -> int:
-    """130, the exit status of a Ctrl-C handled by printing one line.
-
-    Under ``python -m``, CPython exits by SIGINT after all, instead of with the status
-    it was given, if a KeyboardInterrupt ever left an ``exec`` or ``eval`` of source
-    text: it takes that for an unhandled interrupt. Dataclasses and named tuples are
-    made with ``exec`` as modules import, so a Ctrl-C during start-up can land there.
-    Running any source text clears that mark, so the status is 130 every time."""
-    exec("")  # see above: not for its effect, for the mark it clears
-    return 130
 
 
 def _seconds(text: str) -> float:

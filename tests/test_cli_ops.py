@@ -216,6 +216,24 @@ def test_a_ctrl_c_while_the_arguments_are_read_is_one_line_and_130(monkeypatch, 
     assert capsys.readouterr().err == "interrupted\n"
 
 
+def test_a_ctrl_c_while_the_command_loads_is_one_line_and_130():
+    """The console script's entry point loads the command's modules itself: a Ctrl-C
+    then (here: raised by the import of fscache.cli) is one line and 130 too."""
+    script = (
+        "import builtins, sys\n"
+        "real = builtins.__import__\n"
+        "def load(name, *args, **kwargs):\n"
+        "    if name == 'fscache.cli':\n"
+        "        raise KeyboardInterrupt\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = load\n"
+        "from fscache.command import main\n"
+        "sys.exit(main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert (done.returncode, done.stderr) == (130, b"interrupted\n")
+
+
 def test_a_bad_path_is_named_short_and_mv_says_which_of_its_two(served):  # noqa: F811
     long = "d/" * 3000 + "x"
     refused = fscache_command("read", served, long)

@@ -69,4 +69,4 @@ def test_a_normal_install_imports_every_module(installed):
 
 def test_the_console_script_is_declared(installed):
     (entry_points,) = installed.glob("fscache-*.dist-info/entry_points.txt")
-    assert "fscache = fscache.cli:main" in entry_points.read_text()
+    assert "fscache = fscache.command:main" in entry_points.read_text()
