@@ -77,6 +77,9 @@ delegations):
   the previous incarnation may still be live. Reads are granted at once.
 * Relinquishing a lease counts as approving any write waiting on it; a
   connection closed with a goodbye relinquishes all of its holder's leases.
+* A writer may withdraw its write until it is handed out to be applied: it leaves
+  every queue as if it had never come (reads behind it are granted, the next write
+  starts). Holders that approved it have only dropped their copies.
 
 Memory and cost (a million live leases must fit a small server):
 
@@ -522,6 +525,35 @@ class LeaseTable:
                 if write.waiting_on.pop((key, holder), None) is not None:
                     effects += self._try_apply(write, now)
         return effects
+
+    def withdraw(self, op: OpId, now: float) -> list[Effect] | None:
+        """Write ``op``'s writer gave up on it. If it is still queued (waiting for
+        earlier writes, for approvals, for expiries or for the restart window) it
+        leaves every queue and is never applied: the reads queued behind it are
+        granted and the next writes start, as if it had never come. Holders that
+        approved it have only lost their copies. Returns those effects, or None if it
+        is too late: handed out as :class:`ApplyWrite` (or finished, or unknown).
+
+        Finding it scans the queues: a withdrawal is rare, and an index would cost
+        every write an entry."""
+        if op in self._applying:
+            return None
+        write = next(
+            (queued for queue in self._queues.values() for queued in queue if queued.op == op),
+            None,
+        )
+        if write is None or not write.is_write:
+            return None
+        for key in write.keys:
+            queue = self._queues[key]
+            queue.remove(write)
+            if not queue:
+                del self._queues[key]
+            if self._started.get(key) is write:
+                del self._started[key]
+        if write.subtrees:
+            self._subtree_writes.remove(write)
+        return self._advance(write.keys, now)
 
     def write_done(self, op: OpId, now: float, *, ok: bool) -> list[Effect]:
         """The I/O of ``ApplyWrite(op)`` finished (``ok``: it took effect)."""

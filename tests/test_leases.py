@@ -501,6 +501,78 @@ def test_write_done_for_an_op_not_being_applied_raises_unknown_op() -> None:
         t.write_done(op(2), now=5.0, ok=True)  # twice
 
 
+# ---------------------------------------------------------------- withdrawn writes
+def test_a_withdrawn_write_is_never_applied_and_the_reads_behind_it_go_at_once() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.write(op(2), B, only("p"), now=1.0)
+    t.read(op(3), C, "p", now=2.0)
+
+    assert t.withdraw(op(2), now=3.0) == [Grant(op(3), C, "p", TERM)]
+    assert not t.is_blocked("p") and t.pending_writes() == 0
+    assert t.holders("p", now=3.0) == {A: 10.0, C: 13.0}  # A was asked, did not approve
+    assert t.next_deadline() == 10.1 + PURGE_GRANULARITY  # A's sweep: no write waits
+    assert t.tick(10.1) == [] and t.approve(A, "p", op(2), now=10.2) == []
+
+
+def test_withdrawing_a_write_starts_the_next_one_which_asks_only_the_live_holders() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.read(op(2), C, "p", now=0.0)
+    t.write(op(3), B, only("p"), now=1.0)
+    assert t.approve(A, "p", op(3), now=1.5) == []  # A dropped its copy for op 3
+    t.write(op(4), D, only("p"), now=2.0)
+
+    assert t.withdraw(op(3), now=3.0) == [SendApprovalRequest(C, "p", op(4))]
+    assert t.approve(C, "p", op(4), now=3.5) == [ApplyWrite(op(4), D, "p")]
+
+
+def test_a_write_waiting_behind_another_is_withdrawn_from_every_queue() -> None:
+    t = table()
+    t.read(op(1), A, "p", now=0.0)
+    t.write(op(2), B, only("p"), now=1.0)
+    t.write(op(3), C, Footprint(("p", "q")), now=2.0)  # heads q's queue, waits on p
+    t.read(op(4), D, "q", now=2.5)
+
+    assert t.withdraw(op(3), now=3.0) == [Grant(op(4), D, "q", TERM)]
+    assert t.approve(A, "p", op(2), now=4.0) == [ApplyWrite(op(2), B, "p")]
+    assert t.write_done(op(2), now=4.5, ok=True) == [WriteCommitted(op(2), B, "p", TERM)]
+
+
+def test_a_write_held_by_the_restart_window_can_be_withdrawn() -> None:
+    t = table(hold_writes_until=HOLD)
+    t.write(op(1), A, only("p"), now=START + 1.0)
+    t.read(op(2), B, "p", now=START + 2.0)
+
+    assert t.withdraw(op(1), now=START + 3.0) == [Grant(op(2), B, "p", TERM)]
+    assert t.next_deadline() == START + 3.0 + TERM + SKEW + PURGE_GRANULARITY  # B's sweep
+    assert t.tick(HOLD) == []
+
+
+def test_a_withdrawn_directory_rename_no_longer_holds_the_names_beneath_it() -> None:
+    t = table()
+    t.read(op(1), A, "d/x", now=0.0)
+    t.write(op(2), B, names.keys_for_rename("d", "e", src_is_dir=True, dst_exists=False), now=1.0)
+    assert t.read(op(3), C, "d/new", now=2.0) is None
+
+    assert t.withdraw(op(2), now=3.0) == [Grant(op(3), C, "d/new", TERM)]
+    assert not t.is_blocked("d/anything")
+    assert t.write(op(4), D, only("d/x"), now=4.0) == [SendApprovalRequest(A, "d/x", op(4))]
+
+
+def test_a_write_being_applied_or_done_cannot_be_withdrawn() -> None:
+    t = table()
+    assert t.write(op(1), A, only("p"), now=0.0) == [ApplyWrite(op(1), A, "p")]
+    t.read(op(2), B, "p", now=0.5)
+
+    assert t.withdraw(op(1), now=1.0) is None  # too late: it is being applied
+    assert t.is_blocked("p")
+    t.write_done(op(1), now=1.5, ok=True)
+    assert t.withdraw(op(1), now=2.0) is None  # done
+    assert t.withdraw(op(2), now=2.0) is None  # a read, not a write
+    assert t.withdraw(op(99), now=2.0) is None  # never seen
+
+
 # ---------------------------------------------------------------- restart window
 START = 100.0
 HOLD = START + TERM + SKEW  # start + max_term + skew

@@ -4,18 +4,18 @@ have cached.
 Hypothesis drives a :class:`LeaseTable` with three holders over a small tree (files
 ``x``, ``d/x``, ``e/x``, ``d/s/x``, ``e/s/x``; directories ``d``, ``e``, ``d/s``,
 ``e/s``) through random reads and listings, writes (creating or overwriting),
-deletes, mkdir, rmdir, renames of files and of directories, approvals,
-extensions, relinquishes, disconnects (with and without goodbye), reconnects, the
-passing of time, and the completion of writes (which fail when the tree forbids
-them: a missing parent, a non-empty rmdir). Beside it runs a deliberately simple
-model: the committed tree; per holder and key the value it has cached (a file's
-contents, a directory's name set) and the expiry the server recorded for it. Each
-write's footprint comes from :mod:`fscache.names` with the facts the model knows on
-arrival, cautious where :meth:`LeaseTable.is_blocked` says they may change. A holder
-drops its copy when it handles an approval request; the approval reaches the
-server later, possibly after the holder has read the key again (a late, stale
-approval). A holder drops its copies on relinquish and on goodbye; one cut off
-without goodbye keeps them until they expire.
+deletes, mkdir, rmdir, renames of files and of directories, withdrawals of queued
+writes, approvals, extensions, relinquishes, disconnects (with and without goodbye),
+reconnects, the passing of time, and the completion of writes (which fail when the
+tree forbids them: a missing parent, a non-empty rmdir). Beside it runs a
+deliberately simple model: the committed tree; per holder and key the value it has
+cached (a file's contents, a directory's name set) and the expiry the server
+recorded for it. Each write's footprint comes from :mod:`fscache.names` with the
+facts the model knows on arrival, cautious where :meth:`LeaseTable.is_blocked` says
+they may change. A holder drops its copy when it handles an approval request; the
+approval reaches the server later, possibly after the holder has read the key again
+(a late, stale approval). A holder drops its copies on relinquish and on goodbye;
+one cut off without goodbye keeps them until they expire.
 
 The invariants are the consistency guarantee and the rules that give it:
 
@@ -336,6 +336,24 @@ class LeaseTableMachine(RuleBasedStateMachine):
         dst_exists = dst in self.tree.dirs and self.settled(names.dir_key(dst))
         footprint = names.keys_for_rename(src, dst, src_is_dir=True, dst_exists=dst_exists)
         self.submit(data, footprint, ("rename_dir", src, dst))
+
+    @precondition(lambda self: self.queued_writes())
+    @rule(data=st.data())
+    def withdraw(self, data: st.DataObject) -> None:
+        """The writer gives up on a queued write (a cancelled upload): it is never
+        applied, and what waited behind it goes on as if it had never come."""
+        write = data.draw(st.sampled_from(sorted(w.op for w in self.queued_writes())))
+        effects = self.table.withdraw(write, self.now)
+        assert effects is not None, f"queued write {write} could not be withdrawn"
+        del self.queued[write]
+        self.absorb(effects)
+
+    @precondition(lambda self: self.applying)
+    @rule(data=st.data())
+    def withdraw_too_late(self, data: st.DataObject) -> None:
+        """A write handed out to be applied cannot be withdrawn: nothing changes."""
+        write = data.draw(st.sampled_from(sorted(self.applying)))
+        assert self.table.withdraw(write, self.now) is None
 
     # ------------------------------------------------------------ rules: approvals
     @precondition(lambda self: self.approval_requests)
