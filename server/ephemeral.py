@@ -113,6 +113,10 @@ class Ties:
 
         return run
 
+    def withdrawn(self, op: OpId) -> None:
+        """Write ``op`` was withdrawn before it was applied: it changes no tie."""
+        self._changes.pop(op, None)
+
     def applying(self, op: OpId) -> None:
         """The lease table applies ``op`` now: plan its effect on the ties."""
         change = self._changes.pop(op, None)

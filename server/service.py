@@ -91,6 +91,7 @@ from fscache import protocol as p
 from fscache.access import ANONYMOUS, Access, AccessRules, BadAccessFile, describe, parse
 from fscache.ephemeral import DeleteTied, Move, Rewrite, TieChange
 from fscache.errors import (
+    Conflict,
     FscacheError,
     NotDurable,
     ProtocolError,
@@ -490,6 +491,17 @@ class Counters:
     renames: int = 0
     mkdirs: int = 0
     rmdirs: int = 0
+    writes_withdrawn: int = 0  # uploads whose writer gave up after the commit, not applied
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Commit:
+    """An upload whose commit has come: the data is synced, then its write queues as
+    ``op``. Its writer may still withdraw it (an ``UploadAbort``) until it is applied."""
+
+    upload: Upload
+    op: OpId | None = None  # None while its data is synced
+    withdrawn: bool = False  # withdrawn while synced: never queued
 
 
 @dataclasses.dataclass(eq=False)
@@ -502,6 +514,7 @@ class Connection:
     goodbye: bool = False
     alive: bool = True
     uploads: dict[int, Upload] = dataclasses.field(default_factory=dict)  # by upload id
+    commits: dict[int, _Commit] = dataclasses.field(default_factory=dict)  # sent, unanswered
     part: p.UploadPart | None = None  # for the receive loop to write before it reads on
     identity: str = ANONYMOUS  # the name on the client's certificate (fscache.access)
     attachment: int = 0  # its number in the session table
@@ -1375,8 +1388,9 @@ class FileService:
         footprint: Footprint,
         apply: Callable[[], int | None],
         ties: TieChange | DeleteTied | None = None,
-    ) -> None:
-        """Queue ``message`` in the lease table; ``apply`` runs once the table allows it,
+    ) -> OpId:
+        """Queue ``message`` in the lease table as a new op, returned; ``apply`` runs once
+        the table allows it,
         with its effect ``ties`` on the ephemeral files' ties. Its data counts against
         the session's max_pending_write_bytes, and all sessions'
         max_pending_write_bytes_total, until answered."""
@@ -1392,6 +1406,7 @@ class FileService:
         if self.table.writes_delayed != delayed:
             self._log_delayed(op, footprint.keys[0], effects)
         self._execute(effects)
+        return op
 
     def _check_pending_bytes(self, holder: HolderId, nbytes: int) -> None:
         """:class:`TooLarge` if ``nbytes`` more of waiting write data would be over the
@@ -1485,30 +1500,71 @@ class FileService:
             except Unauthorized:
                 self.store.upload_abort(upload)
                 raise
+        commit = connection.commits[message.upload] = _Commit(upload)
         assert self._nursery is not None
-        self._nursery.start_soon(self._commit_upload, connection, message, upload)
+        self._nursery.start_soon(self._commit_upload, connection, message, commit)
 
     async def _commit_upload(
-        self, connection: Connection, message: p.UploadCommit, upload: Upload
+        self, connection: Connection, message: p.UploadCommit, commit: _Commit
     ) -> None:
         """fsync the upload's data (the slow part, before any reader has to wait), then
         write it under the lease rules like a whole-file ``write``."""
+        upload = commit.upload
         try:
             await self._blocking_io(self.store.upload_sync, upload)
         except FscacheError as exc:
+            connection.commits.pop(message.upload, None)
             self.counters.errors += 1
             self._storage_failed(exc, message)
             connection.send(p.Error(id=message.id, code=exc.code, message=str(exc)))
             return
+        if commit.withdrawn:
+            connection.commits.pop(message.upload, None)
+            self._withdrawn(connection, message, upload)
+            return
         apply = partial(self.store.upload_commit, upload, message.if_version)
         tie = Rewrite(upload.path, connection.holder if message.ephemeral else None)
         footprint = self._file_write_keys(upload.path, makes_parents=True)
-        self._begin_write(connection, message, footprint, apply, tie)
+        commit.op = self._begin_write(connection, message, footprint, apply, tie)
 
     def _on_upload_abort(self, connection: Connection, message: p.UploadAbort) -> None:
-        upload = connection.uploads.pop(self._upload(connection, message.upload))
-        self.store.upload_abort(upload)
+        """End an upload. One already committed is withdrawn if its write is not yet
+        being applied (the lease table's rule); if it is, the abort is refused:
+        :class:`Conflict`, and the write goes on."""
+        commit = connection.commits.get(message.upload)
+        if commit is None:
+            upload = connection.uploads.pop(self._upload(connection, message.upload))
+            self.store.upload_abort(upload)
+        elif commit.op is None:  # its data is being synced: it will not be queued
+            commit.withdrawn = True
+        else:
+            effects = self.table.withdraw(commit.op, self._now())
+            if effects is None:
+                raise Conflict(
+                    f"upload {message.upload} is already being written to "
+                    f"{commit.upload.path!r}: too late to withdraw it"
+                )
+            del connection.commits[message.upload]
+            self.ephemeral.withdrawn(commit.op)
+            pending = self._release(commit.op)
+            assert pending is not None and isinstance(pending.request, p.UploadCommit)
+            self._withdrawn(connection, pending.request, commit.upload)
+            self._execute(effects)
         connection.send(p.Done(id=message.id))
+
+    def _withdrawn(self, connection: Connection, message: p.UploadCommit, upload: Upload) -> None:
+        """Commit ``message`` was withdrawn by its writer: its data goes, and the commit
+        is answered (its caller has gone; the reply keeps the exchange whole)."""
+        self.store.upload_abort(upload)
+        self.counters.writes_withdrawn += 1
+        why = f"the write of {upload.path!r} was withdrawn by its writer"
+        connection.send(p.Error(id=message.id, code=Conflict.code, message=why))
+
+    @staticmethod
+    def _commit_answered(pending: _Pending) -> None:
+        """A committed upload's write was answered: it can no longer be withdrawn."""
+        if isinstance(pending.request, p.UploadCommit):
+            pending.connection.commits.pop(pending.request.upload, None)
 
     @staticmethod
     def _upload(connection: Connection, upload_id: int) -> int:
@@ -1699,6 +1755,7 @@ class FileService:
         when it has a file's contents to cache."""
         pending = self._release(effect.op)
         assert pending is not None
+        self._commit_answered(pending)
         self.latency.write.observe(self._now() - pending.arrived)
         request = pending.request
         term = effect.term
@@ -1870,6 +1927,7 @@ class FileService:
             if ok:
                 self.counters.writes_applied += 1
             else:
+                self._commit_answered(pending)
                 self._release(effect.op)
             self._execute(self.table.write_done(effect.op, now, ok=ok))
             self._delete_tied(late)

@@ -335,6 +335,29 @@ async def test_a_cancelled_upload_is_aborted_on_the_real_server(cluster, root, g
         assert await w.read("keep.bin") == b"kept"
 
 
+async def test_a_cancelled_upload_still_waiting_for_a_holder_is_withdrawn(
+    cluster, root, autojump_clock
+):
+    """Given up after its commit went out, while the write waits for a holder that
+    does not answer: the server withdraws it. It is never applied, not even once the
+    holder's lease has run out."""
+    async with cluster.client("w") as w, cluster.client("r") as r:
+        await w.write("f", b"old")
+        assert await r.read("f") == b"old"
+        cluster.hold("r")  # r's approval request waits in flight: its lease is waited out
+        with trio.move_on_after(1.0) as scope:
+            await w.write("f", blob(3 * C))
+        assert scope.cancelled_caught
+        assert cluster.service is not None
+        assert cluster.service.counters.writes_withdrawn == 1
+        await trio.sleep(cluster.settings.term + 1.0)  # past r's lease: nothing to apply
+        cluster.release("r")
+        assert await w.read("f") == b"old"
+        assert await r.read("f") == b"old"
+        assert (await w.server_stats())["writes_pending"] == 0
+        assert sorted(p.name for p in root.iterdir() if "tmp" in p.name) == []
+
+
 async def test_a_compare_and_set_upload_that_loses_raises_conflict(cluster):
     async with cluster.client("w") as w:
         version = await w.write("f", b"x")

@@ -392,6 +392,66 @@ async def test_an_upload_commit_against_a_silent_reader_waits_out_its_lease(
     assert temp_files(root) == []
 
 
+async def test_an_upload_withdrawn_while_it_waits_for_a_silent_reader_is_never_applied(
+    cluster, root, autojump_clock
+):
+    writer = await cluster.raw("writer")
+    await put(writer, "f", b"old")
+    silent = await cluster.raw("silent")
+    await silent.read("f")
+    await upload(writer, "f", [b"new ", b"contents"])
+    await writer.send(p.UploadCommit(id=200, upload=100))
+    await trio.sleep(1.0)  # the commit waits for silent's approval
+    withdrawn = await ask(writer, p.UploadAbort(id=201, upload=100))
+    assert isinstance(withdrawn, p.Error) and withdrawn.id == 200
+    assert withdrawn.code == "conflict" and "withdrawn by its writer" in withdrawn.message
+    assert await writer.receive() == p.Done(id=201)
+    await trio.sleep(TERM + SKEW)  # silent's lease is over: nothing is left to apply
+    read = await writer.read("f", request_id=202)
+    assert isinstance(read, p.Data) and read.data == b"old"
+    assert temp_files(root) == []
+    assert cluster.service is not None
+    stats = cluster.service.stats()
+    assert (stats["writes_withdrawn"], stats["writes_pending"]) == (1, 0)
+
+
+@pytest.mark.parametrize("applying", [False, True])
+async def test_an_upload_withdrawn_while_its_data_is_synced_or_too_late_while_applied(
+    cluster, root, autojump_clock, applying
+):
+    """Withdrawn while its data is fsynced, the commit is never queued; once the write
+    is being applied, the abort is refused and the write goes on."""
+    assert cluster.service is not None
+    service, gate = cluster.service, trio.Event()
+    calls = []  # the commit's blocking calls: its fsync, then (no holder) its apply
+
+    async def slow_io(fn, *args):  # type: ignore[no-untyped-def]
+        calls.append(fn)
+        if len(calls) == 1 + applying:
+            await gate.wait()
+        return fn(*args)
+
+    writer = await cluster.raw("writer")
+    await put(writer, "f", b"old")
+    await upload(writer, "f", [b"new"])
+    service._blocking_io = slow_io  # type: ignore[method-assign]
+    await writer.send(p.UploadCommit(id=200, upload=100))
+    await trio.sleep(1.0)  # parked in the gated call
+    abort = await ask(writer, p.UploadAbort(id=201, upload=100))
+    gate.set()
+    committed = await writer.receive()
+    if applying:
+        assert isinstance(abort, p.Error) and abort.code == "conflict"
+        assert "too late to withdraw" in abort.message
+        assert isinstance(committed, p.Written) and committed.id == 200
+    else:
+        assert abort == p.Done(id=201)
+        assert isinstance(committed, p.Error) and committed.id == 200
+    read = await writer.read("f", request_id=202)
+    assert isinstance(read, p.Data) and read.data == (b"new" if applying else b"old")
+    assert temp_files(root) == []
+
+
 async def test_an_upload_that_makes_directories_waits_for_the_listings_they_join(
     cluster, root, autojump_clock
 ):
