@@ -139,6 +139,30 @@ _EXIT_STATUS = """exit status:
 _PATH_HELP = "a file's path under the served root, with / between names (no leading /)"
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser whose options may come anywhere among its positionals, as
+    in ``fscache write HOST:PORT PATH --if-version 3 FILE``. Plain argparse takes an
+    optional positional (``write``'s FILE, ``ls``'s DIR) as absent when an option
+    follows the ones before it, and then refuses what comes after the option; a
+    parser with such a positional parses intermixed instead (options first, then the
+    positionals). One with subcommands of its own (``demo``) or with no optional
+    positional parses as argparse does."""
+
+    _intermixing = False  # inside parse_known_intermixed_args, which calls back here
+
+    def parse_known_args(  # type: ignore[override]  # one signature for its overloads
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        optional = any(a.nargs in ("?", "*") for a in self._get_positional_actions())
+        if self._intermixing or self._subparsers is not None or not optional:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fscache.bench import demo_options as d  # light: the demos' ranges and defaults
 
@@ -150,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser
+    )
 
     serve = sub.add_parser("serve", help="serve a directory tree")
     serve.add_argument("--config", metavar="FILE", help="options from a TOML file; flags win")
