@@ -1868,6 +1868,35 @@ def _check_if_version(if_version: int | None) -> None:
         )
 
 
+def _check_host(host: object, port: int) -> None:
+    """Refuse an ``open_client`` host that is no host: ``TypeError`` if it is no str,
+    :class:`~fscache.settings.BadSetting` if it is empty, cannot be encoded, or
+    carries a port or brackets (:func:`parse_address` is the rule)."""
+    if not isinstance(host, str):
+        raise TypeError(f"host must be a str (a name or an address), not {type(host).__name__}")
+    if not host.strip():
+        raise BadSetting(f"host must be a name or an address, such as 127.0.0.1, not {host!r}")
+    named, its_port = parse_address(host, port)
+    if named != host:
+        raise BadSetting(
+            f"bad host {host!r}: give the host alone (an IPv6 address without brackets)"
+            f" and the port apart: open_client({named!r}, {its_port})"
+        )
+
+
+def _check_port(port: object) -> None:
+    """Refuse an ``open_client`` port that is no TCP port to connect to: ``TypeError``
+    unless it is an int (a bool, a float or a numeric string is the caller's slip),
+    :class:`~fscache.settings.BadSetting` unless it is 1..65535, the range
+    :func:`parse_address` allows in ``HOST:PORT`` (0 would ask for any port, which
+    only a listener may)."""
+    if isinstance(port, bool) or not isinstance(port, int):
+        shown = f" {port!r}" if isinstance(port, str | float) else ""
+        raise TypeError(f"port must be an int 1..65535, not {type(port).__name__}{shown}")
+    if not 0 < port < 65536:
+        raise BadSetting(f"port must be 1..65535, not {port}")
+
+
 def _check_range(offset: int, length: int | None) -> None:
     """The one check of a read's ``offset`` and ``length``, whether the read is then
     answered from the cache or from the server: ``TypeError`` for a value that is not
@@ -2048,14 +2077,17 @@ async def open_client(
     Raises :class:`Unavailable` if the first connection cannot be made. ``clock`` is
     the monotonic clock leases are timed on (``trio.current_time`` under a MockClock);
     ``opener`` replaces TCP with any trio stream (tests use memory streams).
-    :class:`~fscache.settings.BadSetting` (a ValueError) if ``host`` is no host: a
-    name IDNA cannot encode, or ``HOST:PORT`` (the port goes in ``port``)."""
+
+    ``host`` is a name or an address (an IPv6 one without brackets), ``port`` an int
+    1..65535; both are checked before anything is sent. ``TypeError`` if ``host`` is
+    no str or ``port`` no int (a bool, a float, or a numeric string: text such as
+    ``"HOST:PORT"`` is what :func:`fscache.connect` takes);
+    :class:`~fscache.settings.BadSetting` (a ValueError) if ``port`` is out of
+    range, or if ``host`` is empty, a name IDNA cannot encode, or ``HOST:PORT`` (the
+    port goes in ``port``)."""
+    _check_port(port)
     if opener is None:
-        named, its_port = parse_address(host)
-        if named != host:
-            raise BadSetting(
-                f"bad host {host!r}: give the port apart, open_client({named!r}, {its_port})"
-            )
+        _check_host(host, port)
     address = shown_address(host, port)
     client = Client(
         opener or tcp_opener(host, port, ssl_context),

@@ -192,3 +192,58 @@ async def test_a_closed_blocking_client_refuses_with_as_every_call(address):
             pass
 
     await trio.to_thread.run_sync(use)
+
+
+# ---------------------------------------------------------------- where to connect
+@pytest.mark.parametrize(
+    ("port", "kind", "message"),
+    [
+        (70000, BadSetting, r"port must be 1\.\.65535, not 70000"),
+        (65536, BadSetting, r"port must be 1\.\.65535, not 65536"),
+        (-1, BadSetting, r"port must be 1\.\.65535, not -1"),
+        (0, BadSetting, r"port must be 1\.\.65535, not 0"),
+        (7830.0, TypeError, r"port must be an int 1\.\.65535, not float 7830\.0"),
+        (True, TypeError, r"port must be an int 1\.\.65535, not bool"),
+        ("7830", TypeError, r"port must be an int 1\.\.65535, not str '7830'"),
+        (None, TypeError, r"port must be an int 1\.\.65535, not NoneType"),
+    ],
+)
+async def test_open_client_checks_the_port_before_connecting(port, kind, message):
+    """The port's range is the one ``fscache.connect("HOST:PORT")`` allows; text
+    such as "HOST:PORT" is connect's to take, not open_client's."""
+    with pytest.raises(kind, match=message):
+        async with fscache.open_client("127.0.0.1", port):
+            pass
+    with pytest.raises(kind, match=message):  # with an opener too: nothing is opened
+        async with fscache.open_client(port=port, opener=_never_opened):
+            pass
+
+
+async def _never_opened() -> trio.abc.Stream:
+    raise AssertionError("a bad argument reached the connection")
+
+
+@pytest.mark.parametrize(
+    ("host", "kind", "message"),
+    [
+        (b"127.0.0.1", TypeError, "host must be a str .*, not bytes"),
+        (None, TypeError, "host must be a str .*, not NoneType"),
+        ("", BadSetting, "host must be a name or an address, .* not ''"),
+        ("  ", BadSetting, "host must be a name or an address, .* not '  '"),
+        ("[::1]", BadSetting, r"without brackets.*open_client\('::1', 17301\)"),
+        ("127.0.0.1:5", BadSetting, r"port apart: open_client\('127.0.0.1', 5\)"),
+    ],
+)
+async def test_open_client_checks_the_host_before_connecting(host, kind, message):
+    with pytest.raises(kind, match=message):
+        async with fscache.open_client(host, 17301):
+            pass
+
+
+def test_connect_checks_its_address_alike():
+    for address in ("127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1:-1", "127.0.0.1:7830.0"):
+        with pytest.raises(BadSetting, match=r"port must be 1\.\.65535"):
+            fscache.connect(address)
+    for address in (None, 7830, b"127.0.0.1:7830"):
+        with pytest.raises(TypeError, match="an address is a str"):
+            fscache.connect(address)  # type: ignore[arg-type]
