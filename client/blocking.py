@@ -325,7 +325,7 @@ class BlockingClient:
     def truncate(
         self, path: str, size: int, *, if_version: int | None = None, fence: Fencing = None
     ) -> int:
-        """:meth:`Client.truncate`."""
+        """:meth:`Client.truncate` (which creates a missing file)."""
         return self._run(
             lambda: self._client.truncate(path, size, if_version=if_version, fence=fence)
         )

@@ -747,7 +747,12 @@ class Client:
     async def truncate(
         self, path: str, size: int, *, if_version: int | None = None, fence: Fencing = None
     ) -> int:
-        """Cut or extend ``path`` to ``size`` bytes; returns the new version."""
+        """Cut or extend ``path`` to ``size`` bytes (an extension reads as zero bytes);
+        returns the new version. A missing file is created, ``size`` zero bytes long,
+        as a write would create it, but only in a directory that exists
+        (:class:`NotFound` otherwise: unlike :meth:`write`, truncate makes no
+        directories); ``if_version=0`` creates it only if it does not exist.
+        :class:`IsADirectory` for a directory."""
         path = normalize(path)
         check_extent("size", size)
         _check_if_version(if_version)
