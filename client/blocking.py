@@ -514,6 +514,8 @@ class BlockingClient:
 
     @property
     def stats(self) -> Mapping[str, int | float]:
+        """:attr:`Client.stats`, the client's counters (a snapshot), with the hits
+        answered on callers' threads counted in ``hits`` and ``hit_ratio``."""
         stats = dict(self._client.stats)
         stats["hits"] += self._hits
         lookups = stats["hits"] + stats["misses"]
@@ -576,7 +578,16 @@ def connect(
     ssl_context: ssl.SSLContext | None = None,
     cache_bytes: int = DEFAULT_MAX_BYTES,
 ) -> BlockingClient:
-    """A blocking client connected to ``address`` (``host:port``)."""
+    """A blocking client connected to ``address``: ``HOST:PORT``, a bare ``HOST``
+    (port 7710), or ``[IPv6]:PORT``; see :class:`BlockingClient` for the calls, and
+    :func:`fscache.open_client` for ``client_id``, ``ssl_context`` and
+    ``cache_bytes``.
+
+    Raises :class:`~fscache.errors.Unavailable` if the server cannot be reached
+    (:class:`~fscache.tls.CredentialsRefused` if TLS refused a certificate),
+    :class:`~fscache.settings.BadSetting` (a ValueError) for an address that is
+    none (a port out of 1..65535, a host name that cannot be encoded, a URL), and
+    ``TypeError`` if ``address`` is no str."""
     return BlockingClient(
         address, client_id=client_id, ssl_context=ssl_context, cache_bytes=cache_bytes
     )

@@ -189,6 +189,9 @@ class ClientCounters:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StatResult:
+    """What :meth:`Client.stat` (and :meth:`Client.leased`) tells of a path: its
+    version, its size in bytes (0 for a directory) and whether it is a directory."""
+
     path: str
     version: int
     size: int
@@ -846,6 +849,11 @@ class Client:
     async def delete(
         self, path: str, *, if_version: int | None = None, fence: Fencing = None
     ) -> None:
+        """Delete the file ``path``, once every other cache holding it has approved or
+        its lease has run out. :class:`NotFound` if there is none,
+        :class:`IsADirectory` for a directory (:meth:`rmdir` removes one);
+        ``if_version``: only if the file is at that version, else :class:`Conflict`;
+        ``fence``: as for :meth:`write`."""
         path = normalize(path)
         _check_if_version(if_version)
         self._counters.deletes += 1

@@ -5,6 +5,23 @@ async with fscache.open_client("127.0.0.1", 7710) as c:   # under trio
 
 with fscache.connect("127.0.0.1:7710") as c:              # from ordinary code
     data = c.read("docs/a.txt")
+
+The public names (the clients load on first use, so help() lists only what is
+loaded; each has its own help):
+
+open_client(host, port, ...)    async context manager giving a Client (trio)
+Client                          the async client: read, write, stat, scandir, lock ...
+StatResult                      what Client.stat returns: path, version, size, is_dir
+DirEntry                        an entry of Client.scandir: name, is_dir, size, version
+Change                          what Client.watch yields: kind, path, version
+connect(address, ...)           a BlockingClient for "HOST:PORT" or a bare "HOST"
+BlockingClient, BlockingLock    the blocking client (a trio loop on a thread), its locks
+tls                             fscache.tls: certificates and TLS contexts
+
+Errors, all FscacheError: NotFound, BadPath, TooLarge, Conflict, Unavailable,
+Unauthorized (and its subclass CredentialsRefused), ProtocolError, IsADirectory,
+NotADirectory, NotEmpty, Exists, NotDurable, LockLost, LockTimeout, NoSpace, and
+BadSetting (also a ValueError) for a setting or an address out of its range.
 """
 
 import importlib

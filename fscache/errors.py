@@ -20,7 +20,13 @@ class NotFound(FscacheError):
 
 
 class BadPath(FscacheError):
-    """The path is absolute, escapes the root, has a NUL, an empty segment, or is too long."""
+    """The path breaks the path rules (:mod:`fscache.paths`): it is absolute, has a
+    ``..`` segment, a NUL, a backslash or another control character, is not valid
+    Unicode, has a name the store reserves (``.fscache...``), is longer than 1024
+    bytes (a name, 255), or is empty where a file is meant. Empty and ``.``
+    segments are not errors: they are dropped (``a//b`` and ``./a/b`` name
+    ``a/b``). The store also refuses a path that leads through a symlink, and a move
+    of a directory into itself."""
 
     code = "bad_path"
 
@@ -32,7 +38,11 @@ class TooLarge(FscacheError):
 
 
 class Conflict(FscacheError):
-    """A compare-and-set write or delete lost: the file's version was not ``if_version``."""
+    """The change or read could not be made as asked, because of another's: a
+    compare-and-set lost (the file's version was not ``if_version``), a fenced change
+    was refused (its lock's token is no longer the newest), or a file kept changing
+    while it was read, copied or listed (and a copy into a target that cannot be
+    rewound saw it change)."""
 
     code = "conflict"
 
@@ -44,7 +54,10 @@ class Unavailable(FscacheError):
 
 
 class Unauthorized(FscacheError):
-    """The peer refused our credentials (TLS) or we refused theirs."""
+    """The server refused a request: its access rules do not let this client's
+    identity do it (or a session was resumed with a wrong secret, or by another
+    identity). The credentials were accepted; a certificate refused in the TLS
+    handshake is the subclass :class:`fscache.CredentialsRefused`."""
 
     code = "unauthorized"
 

@@ -432,11 +432,13 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 class CredentialsRefused(Unauthorized):
-    """TLS refused a certificate during the handshake: the server refused ours, or we
-    refused the server's. An :class:`Unauthorized` of its own, because a refused
-    certificate is fixed where the bundles are made, while a request that the access
-    rules refuse (a plain Unauthorized, with credentials that were accepted) is fixed
-    in the rules: the command line exits 4 for this one and 1 for that one."""
+    """TLS refused a certificate during the handshake: the server refused our client
+    certificate, or we refused the server's (not signed by our bundle's CA, or not
+    naming the host we connected to). An :class:`Unauthorized` of its own, because a
+    refused certificate is fixed where the bundles are made, while a request that
+    the access rules refuse (a plain Unauthorized, with credentials that were
+    accepted) is fixed in the rules: the command line exits 4 for this one and 1
+    for that one."""
 
 
 def is_auth_failure(exc: BaseException) -> bool:
