@@ -497,6 +497,32 @@ class BlockingClient:
         """:meth:`Client.extend`."""
         return self._run(self._client.extend, *paths)
 
+    # ------------------------------------------------------------ state, read here
+    # These read the async client's state on the caller's thread, as a cache hit
+    # does: no request, no hop to the loop thread, so they cost what a hit costs and
+    # answer at once even while the loop thread waits on the network.
+    def leased(self, path: str) -> StatResult | None:
+        """:meth:`Client.leased`: the attributes of ``path`` (in normal form, as the
+        cache keys it) if a trusted lease covers it now, else None; no request."""
+        return self._client.leased(path)
+
+    def lease_remaining(self, path: str) -> float:
+        """:meth:`Client.lease_remaining`: seconds the lease on ``path`` (a file, or a
+        directory's listing key ``dir/``) is still trusted, 0.0 if none; no request."""
+        return self._client.lease_remaining(path)
+
+    @property
+    def session_id(self) -> str | None:
+        """:attr:`Client.session_id`: the session the server issued (its leases are
+        this session's), for logs; None before the first welcome."""
+        return self._client.session_id
+
+    @property
+    def connected(self) -> bool:
+        """:attr:`Client.connected`: whether a connection to the server is up now
+        (False while it reconnects, and once the client is closed)."""
+        return not self._closed and self._client.connected
+
     @property
     def epoch(self) -> str | None:
         """The server incarnation this client last connected to."""

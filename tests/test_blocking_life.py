@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import pathlib
 import signal
 import subprocess
 import sys
@@ -103,6 +104,64 @@ def test_a_client_dropped_without_close_is_closed_with_its_thread(address: str) 
     wait_until(lambda: live_leases(address) == 0, "a dropped client's lease is still live")
 
 
+# ---------------------------------------------------------------- state
+def test_the_connection_and_lease_state_is_read_on_the_callers_thread(address: str) -> None:
+    """``connected``, ``session_id``, ``leased`` and ``lease_remaining``, as the async
+    client has them: read here, without a hop to the loop thread (as a hit)."""
+    with fscache.connect(address) as writer:
+        writer.write("state/f", b"four")
+        writer.mkdir("state/d")
+    client = fscache.connect(address)
+    assert client.connected
+    assert isinstance(client.session_id, str) and client.session_id
+    assert client.leased("state/f") is None and client.lease_remaining("state/f") == 0.0
+    assert client.read("state/f") == b"four"  # a lease of 30 s from now on
+    client.listdir("state")
+    version = client.stat("state/f").version
+    loop_thread_calls = client._run
+    client._run = lambda *args: pytest.fail("a state read crossed to the loop thread")  # type: ignore[method-assign]
+    leased = client.leased("state/f")
+    assert leased is not None
+    assert (leased.path, leased.size, leased.is_dir) == ("state/f", 4, False)
+    assert leased.version == version
+    assert 0.0 < client.lease_remaining("state/f") <= TERM
+    assert 0.0 < client.lease_remaining("state/") <= TERM  # the listing's key
+    seen: list[object] = []
+    other = threading.Thread(
+        target=lambda: seen.extend([client.connected, client.leased("state/f")])
+    )
+    other.start()
+    other.join(30)
+    assert seen == [True, leased]
+    client._run = loop_thread_calls  # type: ignore[method-assign]
+    session = client.session_id
+    client.close()
+    assert not client.connected and client.session_id == session
+    assert client.leased("state/f") is None and client.lease_remaining("state/f") == 0.0
+
+
+def test_a_blocking_client_says_when_its_server_has_gone(tmp_path: pathlib.Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fscache", "serve", "--root", str(tmp_path), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        served = parse_serving_line(process.stdout.readline())
+        assert served is not None
+        with fscache.connect(f"{served[0]}:{served[1]}") as client:
+            assert client.connected
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+            wait_until(lambda: not client.connected, "still connected to a stopped server")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
 # ---------------------------------------------------------------- interrupting
 def test_an_interrupted_acquire_holds_nothing(address: str) -> None:
     done = run_python(
@@ -131,6 +190,8 @@ def test_an_interrupted_acquire_holds_nothing(address: str) -> None:
 # ---------------------------------------------------------------- forking
 def _child(address: str, forked: object, written: object, results: object) -> None:
     parents = _PARENTS[0]
+    state = (parents.connected, parents.leased("fork/f"), parents.lease_remaining("fork/f"))
+    results.put(("parent's state", *state))  # type: ignore[attr-defined]
     try:
         parents.read("fork/f")
     except fscache.FscacheError as exc:
@@ -162,6 +223,7 @@ def test_a_forked_child_never_reads_the_parents_cache(address: str) -> None:
         child.join(60)
 
         assert child.exitcode == 0
+        assert results.get(timeout=5) == ("parent's state", False, None, 0.0)
         assert results.get(timeout=5) == ("parent's client", True, FORKED)
         assert results.get(timeout=5) == ("own client", b"new")
         assert parent.read("fork/f") == b"new"  # the parent's client is unharmed
