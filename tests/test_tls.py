@@ -503,7 +503,7 @@ def test_the_readmes_names_are_reachable_from_a_bare_import_fscache() -> None:
         "assert issubclass(fscache.CredentialsRefused, fscache.Unauthorized)\n"
         "assert set(fscache.__all__) <= set(dir(fscache)) | {'BlockingClient', 'BlockingLock',"
         " 'Change',"
-        " 'Client', 'StatResult', 'connect', 'open_client', 'CredentialsRefused'}\n"
+        " 'Client', 'DirEntry', 'StatResult', 'connect', 'open_client', 'CredentialsRefused'}\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
