@@ -288,9 +288,7 @@ class _TransportErrors:
         if isinstance(exc, TRANSPORT_ERRORS):
             client = self.client
             if is_auth_failure(exc):
-                raise CredentialsRefused(
-                    f"TLS with {client.address} failed: {_ssl_reason(exc)}"
-                ) from exc
+                raise CredentialsRefused(_refusal(client.address, exc)) from exc
             if self.tls_handshake:
                 raise CredentialsRefused(
                     f"{client.address} closed the TLS connection during the handshake; "
@@ -1868,6 +1866,29 @@ def _ssl_reason(exc: BaseException) -> str:
     if seen is None:
         return str(exc)
     return str(getattr(seen, "verify_message", None) or seen.reason or seen)
+
+
+_HOSTNAME_MISMATCH = 62  # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH
+
+
+def _refusal(address: str, exc: BaseException) -> str:
+    """What a certificate refused in the TLS handshake says: whose refusal it was (we
+    refused the server's, or the server refused ours) and what to look at."""
+    seen = ssl_error_in(exc)
+    reason = _ssl_reason(exc)
+    if not isinstance(seen, ssl.SSLCertVerificationError):  # the server's alert
+        return f"TLS with {address} failed: the server refused our client certificate ({reason})"
+    if seen.verify_code == _HOSTNAME_MISMATCH:
+        hint = (
+            "it does not name the host we connected to: connect by a name it has, or make"
+            " the server's bundle with `fscache certs --host HOST`"
+        )
+    else:
+        hint = (
+            "our bundle's CA did not sign it: the server's bundle and ours must come"
+            " from one `fscache certs` directory"
+        )
+    return f"TLS with {address} failed: we refused the server's certificate ({reason}); {hint}"
 
 
 def _check_if_version(if_version: int | None) -> None:

@@ -8,6 +8,7 @@ seconds, a guard against a hang, never a timing assertion.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import pathlib
 import socket
@@ -535,3 +536,73 @@ def test_a_server_refuses_a_client_certificate_as_its_own(tmp_path: pathlib.Path
         " (its extended key usage has no serverAuth; a client's?): pass the server bundle,"
         " CERTS/server, made by `fscache certs`"
     ]
+
+
+# ---------------------------------------------------------------- whose refusal, said
+async def test_a_server_certificate_we_refuse_is_said_to_be_refused_by_us(
+    tmp_path: pathlib.Path, certs: Bundles, other_certs: Bundles
+) -> None:
+    """A client bundle from another CA, or a host the server's certificate does not
+    name: it is we who refuse the server's certificate, and the message says so."""
+    import fscache
+    from fscache.server.service import ServerSettings, serve
+
+    root, other_root = tmp_path / "root", tmp_path / "other_root"
+    root.mkdir()
+    other_root.mkdir()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            settings = ServerSettings(root=str(root), port=0, tls_dir=str(certs.server))
+            server = await nursery.start(serve, settings)
+            with pytest.raises(fscache.CredentialsRefused) as other_ca:
+                async with fscache.open_client(
+                    "127.0.0.1", server.port, ssl_context=client_context(other_certs.client)
+                ):
+                    pass
+            message = str(other_ca.value)
+            assert message.startswith(f"TLS with 127.0.0.1:{server.port} failed: we refused")
+            assert "the server's certificate (" in message and "CA did not sign it" in message
+
+            hosts_only = tmp_path / "hosts"  # a server certificate for 127.0.0.1 alone
+            make_certs(hosts_only, hosts=["127.0.0.1"], clients=["c"])
+            named = ServerSettings(root=str(other_root), port=0, tls_dir=str(hosts_only / "server"))
+            named_server = await nursery.start(serve, named)
+            with pytest.raises(fscache.CredentialsRefused) as mismatch:
+                async with fscache.open_client(
+                    "localhost", named_server.port,
+                    ssl_context=client_context(hosts_only / "clients" / "c"),
+                ):  # fmt: skip
+                    pass
+            assert "we refused the server's certificate" in str(mismatch.value)
+            assert "does not name the host we connected to" in str(mismatch.value)
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_client_certificate_the_server_refuses_is_said_to_be_refused_by_it(
+    certs: Bundles, other_certs: Bundles
+) -> None:
+    """A server that says why (its alert, as a stdlib server sends one in TLS 1.2):
+    the message says it was the server that refused our certificate."""
+    import fscache
+
+    ctx = client_context(certs.client)
+    ctx.load_cert_chain(other_certs.client / CLIENT_CERT, other_certs.client / CLIENT_KEY)
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2  # the refusal comes in the handshake
+
+    def serve_one(listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        conn.settimeout(10)
+        with conn, contextlib.suppress(ssl.SSLError, OSError):
+            server_context(certs.server).wrap_socket(conn, server_side=True).recv(1)
+
+    with trio.fail_after(30), socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(10)
+        port = listener.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, serve_one, listener)
+            with pytest.raises(fscache.CredentialsRefused) as refused_ours:
+                async with fscache.open_client("127.0.0.1", port, ssl_context=ctx):
+                    pass
+    message = str(refused_ours.value)
+    assert message.startswith(f"TLS with 127.0.0.1:{port} failed: the server refused our")
+    assert "we refused" not in message
