@@ -3,8 +3,10 @@ demo, bench. ``read`` and ``write`` stream chunk by chunk: memory stays bounded
 whatever the file's size.
 
 Exit codes: 0 success, 1 an fscache error (not found, bad path, conflict, not
-allowed by the access rules, ...), 2 bad usage, 3 the server cannot be reached, 4
-credentials refused by TLS (ours by the server, or the server's by us).
+allowed by the access rules, ...), 2 bad usage (an argument or option the command
+cannot take: out of its range, or a ``--tls DIR`` that is no bundle of the
+command's role), 3 the server cannot be reached, 4 credentials refused by TLS (ours
+by the server, or the server's by us).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import pathlib
 import re
 import signal
 import sys
@@ -432,6 +435,8 @@ def _main(argv: list[str]) -> int:
         command.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "serve":
         args = _serve_options(parser, argv, args)
+    if getattr(args, "tls", None):
+        _check_tls_bundle(parser, args)
     if args.command == "demo":
         _demo_options(parser, args)
     try:
@@ -570,6 +575,26 @@ def _file_version(text: str) -> int:
             f"{text!r} is not a version (a whole number, 0 to 2**64-1)"
         )
     return version
+
+
+def _check_tls_bundle(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--tls DIR`` that names no bundle of the command's role (no such directory,
+    or one without a bundle's files, such as the ``fscache certs`` directory itself)
+    is bad usage, said before anything starts. A bundle whose files are there is
+    loaded by the command: files that cannot be read or are no certificates are an
+    fscache error (exit 1), as any other."""
+    from fscache import tls
+
+    serving = args.command == "serve"
+    files = tls.SERVER_FILES if serving else tls.CLIENT_FILES
+    bundle = pathlib.Path(args.tls)
+    if bundle.is_dir() and all((bundle / name).exists() for name in files):
+        return
+    try:  # the loader's own words for what is missing (it raises here)
+        (tls.server_context if serving else tls.client_context)(bundle)
+    except FscacheError as exc:
+        where = "--tls (or tls in the --config file)" if getattr(args, "config", None) else "--tls"
+        _subcommand(parser, args.command).error(f"argument {where}: {exc}")
 
 
 def _address(text: str) -> str:

@@ -326,6 +326,10 @@ def _material(directory: str | os.PathLike[str], *names: str) -> list[str]:
     root = pathlib.Path(directory)
     if (root / SERVER_DIR).is_dir() or (root / CLIENTS_DIR).is_dir():
         hint = f"{root} holds every bundle: pass {root / SERVER_DIR} or {root / CLIENTS_DIR}/NAME"
+    elif CLIENT_CERT in names and (root / SERVER_CERT).exists():
+        hint = f"{root} is the server's bundle: a client passes its own, CERTS/clients/NAME"
+    elif SERVER_CERT in names and (root / CLIENT_CERT).exists():
+        hint = f"{root} is a client's bundle: the server passes its own, CERTS/server"
     else:
         hint = "make bundles with `fscache certs DIR [--client NAME]`"
     if not root.is_dir():

@@ -606,3 +606,43 @@ async def test_a_client_certificate_the_server_refuses_is_said_to_be_refused_by_
     message = str(refused_ours.value)
     assert message.startswith(f"TLS with 127.0.0.1:{port} failed: the server refused our")
     assert "we refused" not in message
+
+
+# ---------------------------------------------------------------- --tls DIR: usage
+def fscache_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fscache", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_tls_directory_that_is_no_bundle_is_bad_usage(
+    tmp_path: pathlib.Path, certs: Bundles
+) -> None:
+    """No such directory, the certs directory itself, or the other role's bundle: the
+    argument names no bundle, which is bad usage (2), said before anything starts."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for command, bundle, words in [
+        (["ls", "127.0.0.1:1"], tmp_path / "nowhere", "does not exist; make bundles with"),
+        (["read", "127.0.0.1:1", "f"], certs.root, "holds every bundle: pass"),
+        (["ls", "127.0.0.1:1"], certs.server, "is the server's bundle: a client passes"),
+        (["serve", "--root", str(root), "--port", "0"], certs.client,
+         "is a client's bundle: the server passes its own"),
+        (["serve", "--root", str(root), "--port", "0"], tmp_path / "nowhere", "does not exist"),
+    ]:  # fmt: skip
+        done = fscache_cli(*command, "--tls", str(bundle))
+        last = done.stderr.splitlines()[-1]
+        assert done.returncode == 2, done.stderr
+        assert last.startswith(f"fscache {command[0]}: error: argument --tls: "), last
+        assert words in last, last
+
+
+def test_a_tls_bundle_with_a_bad_file_is_an_error_not_bad_usage(
+    tmp_path: pathlib.Path,
+) -> None:
+    make_certs(tmp_path / "tls", clients=["a"])
+    bundle = tmp_path / "tls" / "clients" / "a"
+    (bundle / CLIENT_CERT).write_text("not a certificate")
+    done = fscache_cli("ls", "127.0.0.1:1", "--tls", str(bundle))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(f"fscache: bad TLS material in {bundle}")
