@@ -1,6 +1,7 @@
-"""The ``fscache`` command: serve, read, write, ls, mv, rm, mkdir, rmdir, stats, certs,
-demo, bench. ``read`` and ``write`` stream chunk by chunk: memory stays bounded
-whatever the file's size.
+"""The ``fscache`` command: serve, read, write, ls, stat, mv, rm, mkdir, rmdir, leader,
+stats, mount, certs, demo, bench. ``read`` and ``write`` stream chunk by chunk:
+memory stays bounded whatever the file's size. ``stat``, ``stats`` and ``ls
+--json`` print JSON, and ``ls --long`` a line per entry, for scripts.
 
 Exit codes: 0 success, 1 an fscache error (not found, bad path, conflict, not
 allowed by the access rules, ...), 2 bad usage (an argument or option the command
@@ -291,6 +292,17 @@ def build_parser() -> argparse.ArgumentParser:
         "path", metavar="DIR", nargs="?", default="",
         help="a directory under the root (default: the root); directories end in /",
     )  # fmt: skip
+    ls_form = ls.add_mutually_exclusive_group()
+    ls_form.add_argument(
+        "-l", "--long", action="store_true",
+        help="a line per entry: KIND (file or dir) SIZE VERSION NAME, as of the listing",
+    )  # fmt: skip
+    ls_form.add_argument(
+        "--json", action="store_true",
+        help="a JSON array of the entries: name, is_dir, size, version",
+    )  # fmt: skip
+    stat = client_command("stat", "print a file's or directory's version and size as JSON")
+    stat.add_argument("path", metavar="PATH", help=_PATH_HELP + "; '' or . is the root")
     mv = client_command("mv", "rename SRC to DST atomically (prints DST's version)")
     mv.add_argument("src", metavar="SRC")
     mv.add_argument("dst", metavar="DST")
@@ -851,8 +863,38 @@ def _rmdir(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    for name in _with_client(args, lambda c: c.listdir(args.path)):
-        _say(name)
+    """The names, one a line (directories end in /); ``--long``: each entry's kind,
+    size, version and name on its line (the name last, so it may hold spaces);
+    ``--json``: the entries as one JSON array. Sizes and versions are the listing's."""
+    if not (args.long or args.json):
+        for name in _with_client(args, lambda c: c.listdir(args.path)):
+            _say(name)
+        return 0
+    entries = _with_client(args, lambda c: c.scandir(args.path))
+    if args.json:
+        _say(json.dumps([_entry_fields(entry) for entry in entries], indent=2))
+        return 0
+    for entry in entries:
+        kind, name = ("dir", entry.name + "/") if entry.is_dir else ("file", entry.name)
+        _say(f"{kind} {entry.size} {entry.version} {name}")
+    return 0
+
+
+def _entry_fields(entry: Any) -> dict[str, Any]:
+    """A listing's entry (a :class:`~fscache.cache.DirEntry`) as JSON shows it."""
+    return {
+        "name": entry.name,
+        "is_dir": entry.is_dir,
+        "size": entry.size,
+        "version": entry.version,
+    }
+
+
+def _stat(args: argparse.Namespace) -> int:
+    """:meth:`Client.stat` of PATH as one JSON object: path, version, size, is_dir."""
+    st = _with_client(args, lambda c: c.stat(args.path))
+    fields = {"path": st.path, "version": st.version, "size": st.size, "is_dir": st.is_dir}
+    _say(json.dumps(fields, indent=2))
     return 0
 
 
@@ -939,6 +981,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "mkdir": _mkdir,
     "rmdir": _rmdir,
     "stats": _stats,
+    "stat": _stat,
     "mount": _mount,
     "certs": _certs,
     "demo": _demo,
