@@ -93,7 +93,7 @@ from fscache.errors import (
 )
 from fscache.names import dir_key, parent
 from fscache.net import SocketWire, Wire, shown_address, wire_for
-from fscache.paths import normalize
+from fscache.paths import normalize as normalize_by_the_rules
 from fscache.settings import (
     CHUNK_SIZE,
     DEFAULT_HOST,
@@ -553,12 +553,19 @@ class Client:
         theory note): the chunks of a file larger than a quarter of the cache's byte
         bound are handed over, not kept. If the file changes between chunks the copy
         starts over (a seekable ``file`` is rewound and cut; any other raises
-        :class:`Conflict`)."""
+        :class:`Conflict`). A ``file`` that cannot take bytes (a text file, one open
+        for reading only) is refused with ``TypeError`` before anything is read."""
         path = normalize(path)
         if isinstance(file, io.TextIOBase) or not callable(getattr(file, "write", None)):
             raise TypeError(
                 "file must be a binary file object open for writing (open(name, 'wb')),"
                 f" not {type(file).__name__}"
+            )
+        writable = getattr(file, "writable", None)  # (a bare writer has only write)
+        if writable is not None and not writable():
+            raise TypeError(
+                "file must be a binary file object open for writing (open(name, 'wb')):"
+                f" this {type(file).__name__} is not writable (open for reading only?)"
             )
         seekable = getattr(file, "seekable", None)  # (a bare writer has only write)
         start = file.tell() if seekable is not None and seekable() else None
@@ -1900,6 +1907,16 @@ def _check_if_version(if_version: int | None) -> None:
         raise BadSetting(
             f"if_version must be >= 0 (a version; 0: only if there is no file), not {if_version}"
         )
+
+
+def normalize(path: object, *, allow_root: bool = False) -> str:
+    """:func:`fscache.paths.normalize` of a path a caller gave: one that is no str
+    (bytes, a ``pathlib.Path``, None) is the caller's slip, a ``TypeError`` as for
+    any mistyped argument, not a :class:`~fscache.errors.BadPath` (which says a
+    string breaks the path rules)."""
+    if not isinstance(path, str):
+        raise TypeError(f"path must be a str, not {type(path).__name__}")
+    return normalize_by_the_rules(path, allow_root=allow_root)
 
 
 def _check_host(host: object, port: int) -> None:

@@ -134,6 +134,56 @@ async def test_read_into_refuses_what_cannot_take_bytes_before_sending(cluster):
         assert writer.got == b"data"
 
 
+async def test_a_path_that_is_no_str_is_a_type_error_before_sending(cluster, tmp_path):
+    """bytes, a pathlib.Path, None: a mistyped argument (TypeError), not a string that
+    breaks the path rules (BadPath)."""
+    async with cluster.client("c") as c:
+        await c.write("f", b"data")
+        before = received(cluster)
+        calls: list[Callable[[Any], Any]] = [
+            lambda bad: c.read(bad),
+            lambda bad: c.read_into(bad, io.BytesIO()),
+            lambda bad: c.write(bad, b"x"),
+            lambda bad: c.truncate(bad, 0),
+            lambda bad: c.delete(bad),
+            lambda bad: c.rename(bad, "g"),
+            lambda bad: c.rename("f", bad),
+            lambda bad: c.mkdir(bad),
+            lambda bad: c.rmdir(bad),
+            lambda bad: c.stat(bad),
+            lambda bad: c.scandir(bad),
+            lambda bad: c.listdir(bad),
+            lambda bad: c.relinquish(bad),
+            lambda bad: c.extend(bad),
+        ]
+        for bad in (b"f", tmp_path / "f", None, 7):
+            message = f"path must be a str, not {type(bad).__name__}"
+            for call in calls:
+                with pytest.raises(TypeError, match=message):
+                    await call(bad)
+        assert received(cluster) == before
+        with pytest.raises(fscache.BadPath):  # a str that breaks the rules: as before
+            await c.read("../f")
+
+
+async def test_read_into_a_file_open_for_reading_only_is_refused_before_reading(cluster, tmp_path):
+    local = tmp_path / "local.bin"
+    local.write_bytes(b"mine")
+    async with cluster.client("c") as c:
+        await c.write("f", b"data")
+        before = received(cluster)
+        with (
+            open(local, "rb") as read_only,
+            pytest.raises(TypeError, match=r"this BufferedReader is not writable"),
+        ):
+            await c.read_into("f", read_only)
+        assert received(cluster) == before
+        assert local.read_bytes() == b"mine"
+        with open(local, "r+b") as both:  # read and write: taken
+            assert await c.read_into("f", both) == 4
+        assert local.read_bytes() == b"data"
+
+
 async def test_a_negative_cache_bound_is_named_as_the_caller_gave_it(cluster):
     with pytest.raises(BadSetting, match=r"cache_bytes must be 0\.\.2\*\*63-1, not -1"):
         async with cluster.client("c", cache_bytes=-1):
@@ -174,6 +224,16 @@ async def test_the_blocking_client_checks_alike_and_answers_a_ranged_hit_itself(
                 c.read_into("a.txt", None)  # type: ignore[arg-type]
             with pytest.raises(BadSetting, match="if_version must be >= 0"):
                 c.write("a.txt", b"x", if_version=-1)
+            for bad in (b"a.txt", None):  # on the caller's thread or the loop's, alike
+                with pytest.raises(TypeError, match="path must be a str"):
+                    c.read(bad)  # type: ignore[arg-type]
+                with pytest.raises(TypeError, match="path must be a str"):
+                    c.stat(bad)  # type: ignore[arg-type]
+            with (
+                open(__file__, "rb") as read_only,
+                pytest.raises(TypeError, match="is not writable"),
+            ):
+                c.read_into("a.txt", read_only)
             assert c.read("a.txt") == b"0123456789"
 
         with pytest.raises(BadSetting, match="cache_bytes must be 0"):
