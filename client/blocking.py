@@ -55,13 +55,13 @@ from fscache.client.client import (
     Source,
     StatResult,
     _cut,
-    normalize,
     open_client,
     parse_address,
 )
 from fscache.client.locks import Lock
 from fscache.client.watch import Change
 from fscache.errors import FscacheError
+from fscache.paths import normalize_argument as normalize
 from fscache.protocol import Fence
 from fscache.settings import DEFAULT_ADDRESS, DEFAULT_LOCK_TTL, check_identity
 

@@ -93,7 +93,7 @@ from fscache.errors import (
 )
 from fscache.names import dir_key, parent
 from fscache.net import SocketWire, Wire, shown_address, wire_for
-from fscache.paths import normalize as normalize_by_the_rules
+from fscache.paths import normalize_argument as normalize
 from fscache.settings import (
     CHUNK_SIZE,
     DEFAULT_HOST,
@@ -1907,16 +1907,6 @@ def _check_if_version(if_version: int | None) -> None:
         raise BadSetting(
             f"if_version must be >= 0 (a version; 0: only if there is no file), not {if_version}"
         )
-
-
-def normalize(path: object, *, allow_root: bool = False) -> str:
-    """:func:`fscache.paths.normalize` of a path a caller gave: one that is no str
-    (bytes, a ``pathlib.Path``, None) is the caller's slip, a ``TypeError`` as for
-    any mistyped argument, not a :class:`~fscache.errors.BadPath` (which says a
-    string breaks the path rules)."""
-    if not isinstance(path, str):
-        raise TypeError(f"path must be a str, not {type(path).__name__}")
-    return normalize_by_the_rules(path, allow_root=allow_root)
 
 
 def _check_host(host: object, port: int) -> None:

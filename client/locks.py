@@ -56,7 +56,7 @@ import trio
 
 from fscache import protocol as p
 from fscache.errors import FscacheError, LockLost, LockTimeout, Unavailable
-from fscache.paths import normalize
+from fscache.paths import normalize_argument as normalize
 from fscache.settings import (
     DEFAULT_LOCK_TTL,
     BadSetting,

@@ -42,7 +42,7 @@ import trio
 
 from fscache.errors import Conflict, IsADirectory, NotADirectory, NotFound, Unavailable
 from fscache.names import dir_key, parent
-from fscache.paths import normalize
+from fscache.paths import normalize_argument as normalize
 
 if TYPE_CHECKING:
     from fscache.client.client import Client

@@ -53,6 +53,16 @@ def normalize(path: object, *, allow_root: bool = False) -> str:
 _already_normal = _ALREADY_NORMAL.fullmatch
 
 
+def normalize_argument(path: object, *, allow_root: bool = False) -> str:
+    """:func:`normalize` of a path a caller of the client library gave: one that is no
+    str (bytes, a ``pathlib.Path``, None) is the caller's slip, a ``TypeError`` as for
+    any mistyped argument, not a :class:`BadPath` (which says a string breaks the
+    path rules)."""
+    if not isinstance(path, str):
+        raise TypeError(f"path must be a str, not {type(path).__name__}")
+    return normalize(path, allow_root=allow_root)
+
+
 def normalize_key(key: object) -> str:
     """The normal form of a lease key: a file's path, or a directory's path and a ``/``
     (``docs/``; the root's is ``/``), which stands for the directory's listing."""

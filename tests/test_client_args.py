@@ -155,6 +155,8 @@ async def test_a_path_that_is_no_str_is_a_type_error_before_sending(cluster, tmp
             lambda bad: c.listdir(bad),
             lambda bad: c.relinquish(bad),
             lambda bad: c.extend(bad),
+            lambda bad: c.acquire(bad),  # a lock's name follows the path rules
+            lambda bad: c.leader(bad),
         ]
         for bad in (b"f", tmp_path / "f", None, 7):
             message = f"path must be a str, not {type(bad).__name__}"
