@@ -65,8 +65,11 @@ are times in ns from the files' inodes and only increase, so a version seen afte
 that matches the one at open means the fetch read that version.  (A file set back
 in time behind the server's back, by ``touch -d`` say, could defeat that.)
 ``cat_file(path, start, end)`` is one ranged read, of one version, and needs no
-pin.  ``readline`` (and so ``for line in f``) finds lines in a piece of 64 KiB it
-reads ahead, not in a block read for every line as fsspec's own does.
+pin; a limit counted back from the end (negative) is counted from the size a
+``stat`` gives, and the version is checked after the read as an open file's is:
+if it changed, the read is made again (:meth:`FscacheFileSystem._read_counted_back`).
+``readline`` (and so ``for line in f``) finds lines in a piece of 64 KiB it reads
+ahead, not in a block read for every line as fsspec's own does.
 ``"wb"`` keeps up to a block in memory and spools the rest to an anonymous
 temporary file; on close the whole is uploaded in parts and replaces the file
 atomically (readers see the old or the new contents, never a mix).  ``"xb"`` does
@@ -142,7 +145,7 @@ from fsspec.utils import isfilelike
 from fscache import errors
 from fscache.cache import DirEntry
 from fscache.client.blocking import BlockingClient, connect
-from fscache.client.client import DEFAULT_PORT, Source, parse_address
+from fscache.client.client import DEFAULT_PORT, READ_ATTEMPTS, Source, parse_address
 from fscache.errors import FscacheError
 from fscache.net import shown_address
 from fscache.paths import MAX_SEGMENT_BYTES
@@ -159,13 +162,12 @@ _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 class FileExpired(OSError):
     """The file open for reading changed (or went away) on the server after it was
-    opened, so reading on would mix two versions. s3fs raises an exception of this
+    opened, so reading on would mix two versions (or a read of one version could
+    not be had: the file changed under every attempt). s3fs raises an exception of this
     name when an object changes under an open file; fsspec itself defines none."""
 
-    def __init__(self, path: str, version: int) -> None:
-        super().__init__(
-            errno.ESTALE, f"the file changed after it was opened at version {version}", path
-        )
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(errno.ESTALE, why, path)
 
 
 # Held while an instance connects a new client. A forked child gets a new one: a
@@ -432,10 +434,37 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
     ) -> bytes:
+        """Bytes ``start`` up to ``end`` of one version of ``path``, the limits as a
+        slice's: a limit counted back from the end (negative) is counted from the
+        size of the version read (see :meth:`_read_counted_back`)."""
         path = self._strip_protocol(path)
-        if (start or 0) < 0 or (end or 0) < 0:  # counted back from the end
-            start, end, _ = slice(start, end).indices(self.info(path)["size"])
+        if (start or 0) < 0 or (end or 0) < 0:
+            return self._read_counted_back(path, start, end)
         return self._read_range(path, start or 0, end)
+
+    def _read_counted_back(self, path: str, start: int | None, end: int | None) -> bytes:
+        """``cat_file`` with a limit counted back from the end: the size (and
+        version) from ``info``, one ranged read, then the version again. The same
+        version after the read means the read was of it (versions only increase, as
+        for an open file's reads); another one means the file changed in between, so
+        the bytes may be the end of no version: ask again, up to
+        :data:`READ_ATTEMPTS` times, then :class:`FileExpired`."""
+        for _ in range(READ_ATTEMPTS):
+            info = self.info(path)
+            first, last, _ = slice(start, end).indices(info["size"])
+            data = self._read_range(path, first, last)
+            if self._version_now(path) == info["version"]:
+                return data
+        raise FileExpired(path, f"the file changed under each of {READ_ATTEMPTS} reads")
+
+    def _version_now(self, path: str) -> int | None:
+        """The version of the file ``path`` now, or None if it is gone (or is a
+        directory now)."""
+        try:
+            info = self.info(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return info["version"] if info["type"] == "file" else None
 
     def _read_range(self, path: str, start: int, end: int | None) -> bytes:
         """Bytes ``start`` up to ``end`` (None: to the end) of the file ``path``: a
@@ -634,7 +663,8 @@ class _File(AbstractBufferedFile):  # type: ignore[misc]
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # gone
             now = None
         if now != version:
-            raise FileExpired(self.path, version)
+            why = f"the file changed after it was opened at version {version}"
+            raise FileExpired(self.path, why)
         return data
 
     def _upload_chunk(self, final: bool = False) -> bool:

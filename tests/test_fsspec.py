@@ -292,6 +292,43 @@ async def test_ranged_reads_are_answered_from_the_lease_cache(address):
     await with_fs(address, use_it)
 
 
+async def test_a_range_counted_back_from_the_end_is_of_one_version(address):
+    v1, v2 = b"x" * 90 + b"0123456789", b"y" * 40 + b"ABCDEFGHIJ"
+
+    def use_it(fs: FscacheFileSystem) -> None:
+        other = new_fs(address)
+        read_range = fs._read_range
+        landed = []
+
+        def write_first(path: str, start: int, end: int | None) -> bytes:
+            if not landed:  # a write lands between the size lookup and the read
+                other.pipe_file("f", v2)
+                landed.append(True)
+            return read_range(path, start, end)
+
+        try:
+            fs.pipe_file("f", v1)
+            fs._read_range = write_first  # type: ignore[method-assign]
+            assert fs.cat_file("f", start=-10) == b"ABCDEFGHIJ"  # v2's end, not v1's size
+            assert landed
+            landed.clear()
+            other.pipe_file("f", v1)
+            assert fs.cat_file("f", start=-20, end=-10) == b"y" * 10  # v2's
+
+            def write_always(path: str, start: int, end: int | None) -> bytes:
+                other.pipe_file("f", b"changed")
+                return read_range(path, start, end)
+
+            fs._read_range = write_always  # type: ignore[method-assign]
+            with pytest.raises(fsspec_fs.FileExpired) as expired:  # changes under every read
+                fs.cat_file("f", start=-10)
+            assert expired.value.filename == "f" and expired.value.errno == errno.ESTALE
+        finally:
+            other.client.close()
+
+    await with_fs(address, use_it)
+
+
 async def test_a_ranged_read_fetches_only_the_chunks_it_covers(address, root):
     data = bytes(range(251)) * (4 * CHUNK_SIZE // 251)  # four chunks, give or take
     (root / "huge").write_bytes(data)  # written behind the server: no cache holds it
