@@ -68,6 +68,8 @@ in time behind the server's back, by ``touch -d`` say, could defeat that.)
 pin; a limit counted back from the end (negative) is counted from the size a
 ``stat`` gives, and the version is checked after the read as an open file's is:
 if it changed, the read is made again (:meth:`FscacheFileSystem._read_counted_back`).
+``head`` and ``tail`` are such reads too, not an open file, so another client
+rewriting the file makes them read the new version, not raise ``FileExpired``.
 ``readline`` (and so ``for line in f``) finds lines in a piece of 64 KiB it reads
 ahead, not in a block read for every line as fsspec's own does.
 ``"wb"`` keeps up to a block in memory and spools the rest to an anonymous
@@ -441,6 +443,21 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if (start or 0) < 0 or (end or 0) < 0:
             return self._read_counted_back(path, start, end)
         return self._read_range(path, start or 0, end)
+
+    def head(self, path: str, size: int = 1024) -> bytes:
+        """The first ``size`` bytes of one version of ``path`` (all of it if ``size``
+        is negative, as ``read(-1)``): one ranged read, as :meth:`cat_file`'s. fsspec's
+        own opens the file, pinned to one version, and so raises :class:`FileExpired`
+        when another client rewrites it between the open and the read."""
+        size = operator.index(size)
+        return self.cat_file(path, 0, size if size >= 0 else None)
+
+    def tail(self, path: str, size: int = 1024) -> bytes:
+        """The last ``size`` bytes of one version of ``path`` (nothing if ``size`` is
+        not positive, as fsspec's own): :meth:`cat_file` counted back from the end,
+        for the reason :meth:`head` gives."""
+        size = operator.index(size)
+        return self.cat_file(path, -size) if size > 0 else self.cat_file(path, 0, 0)
 
     def _read_counted_back(self, path: str, start: int | None, end: int | None) -> bytes:
         """``cat_file`` with a limit counted back from the end: the size (and

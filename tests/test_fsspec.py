@@ -329,6 +329,42 @@ async def test_a_range_counted_back_from_the_end_is_of_one_version(address):
     await with_fs(address, use_it)
 
 
+async def test_head_and_tail_are_of_one_version_and_need_no_pin(address):
+    v1, v2 = b"x" * 90 + b"0123456789", b"y" * 40 + b"ABCDEFGHIJ"
+
+    def use_it(fs: FscacheFileSystem) -> None:
+        other = new_fs(address)
+        info = fs.info
+        rewrite = []
+
+        def rewritten_after(path: str, **kwargs: Any) -> dict[str, Any]:
+            found = info(path, **kwargs)
+            if rewrite:  # another client rewrites the file once its size is known
+                other.pipe_file("f", rewrite.pop())
+            return found
+
+        try:
+            fs.pipe_file("f", v1)
+            assert fs.head("f", 5) == b"x" * 5 and fs.tail("f", 5) == b"56789"
+            assert fs.head("f", 1000) == fs.head("f", -1) == fs.tail("f", 1000) == v1
+            assert fs.head("f", 0) == fs.tail("f", 0) == fs.tail("f", -3) == b""
+            fs.info = rewritten_after  # type: ignore[method-assign]
+            rewrite.append(v2)
+            assert fs.tail("f", 10) == b"ABCDEFGHIJ"
+            rewrite.append(v1)
+            assert fs.head("f", 10) in (b"x" * 10, b"y" * 10)  # fsspec's: FileExpired
+            rewrite.clear()
+            fs.mkdir("d")
+            for wrong, error in (("missing", FileNotFoundError), ("d", IsADirectoryError)):
+                for read in (fs.head, fs.tail):
+                    with pytest.raises(error):
+                        read(wrong, 0)
+        finally:
+            other.client.close()
+
+    await with_fs(address, use_it)
+
+
 async def test_a_ranged_read_fetches_only_the_chunks_it_covers(address, root):
     data = bytes(range(251)) * (4 * CHUNK_SIZE // 251)  # four chunks, give or take
     (root / "huge").write_bytes(data)  # written behind the server: no cache holds it
