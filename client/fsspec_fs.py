@@ -528,13 +528,14 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     ) -> None:
         """Stream the local file ``lpath`` to ``rpath``: one atomic replacement."""
         rpath = self._strip_protocol(rpath)
+        exclusive = _exclusive(mode)  # (a bad mode is refused before anything is made)
         if os.path.isdir(lpath):
             self.makedirs(rpath, exist_ok=True)
             return
         with open(lpath, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             callback.set_size(size)
-            self._write(rpath, f, exclusive=mode == "create")
+            self._write(rpath, f, exclusive=exclusive)
         callback.relative_update(size)
 
     def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
@@ -552,7 +553,16 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
             self._write(path, b"", exclusive=True)
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
-        self._write(self._strip_protocol(path), bytes(value), exclusive=mode == "create")
+        """Replace ``path`` with ``value``, which is bytes-like (``bytes``,
+        ``bytearray``, ``memoryview``): anything else is a ``TypeError``, since
+        ``bytes()`` of it would write something else (five zero bytes for ``5``, ``b"AB"``
+        for ``[65, 66]``). ``mode="create"``: only if nothing is there (see "xb")."""
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise TypeError(
+                f"value must be bytes, bytearray or memoryview, not {type(value).__name__}"
+            )
+        data = value if isinstance(value, bytes) else bytes(value)
+        self._write(self._strip_protocol(path), data, exclusive=_exclusive(mode))
 
     def _write(self, path: str, data: Source, *, exclusive: bool) -> None:
         """Replace the file ``path`` with ``data`` now, or, inside a transaction,
@@ -753,6 +763,14 @@ class _Deferred:
     def discard(self) -> None:
         with contextlib.suppress(FileNotFoundError), _os_errors(self.temp):
             self.fs.client.delete(self.temp)
+
+
+def _exclusive(mode: str) -> bool:
+    """Whether fsspec's write ``mode`` is an exclusive create: ``"create"`` is,
+    ``"overwrite"`` is not, and anything else is a ``ValueError``."""
+    if mode not in ("overwrite", "create"):
+        raise ValueError(f"mode must be 'overwrite' or 'create', not {mode!r}")
+    return mode == "create"
 
 
 def _temp_name(path: str) -> str:

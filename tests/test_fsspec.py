@@ -256,6 +256,30 @@ async def test_a_path_that_is_no_string_is_a_type_error_not_a_file_name(address,
     await with_fs(address, use_it)
 
 
+async def test_only_bytes_like_values_are_piped_and_only_fsspecs_modes(address, tmp_path):
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe_file("p", b"kept")
+        for value in (5, 10**10, [65, 66], "text", None):
+            with pytest.raises(TypeError, match="bytes, bytearray or memoryview"):
+                fs.pipe_file("p", value)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"'overwrite' or 'create'.*'bogus'"):
+            fs.pipe_file("p", b"new", mode="bogus")
+        local = tmp_path / "local"
+        local.write_bytes(b"new")
+        with pytest.raises(ValueError, match="'overwrite' or 'create'"):
+            fs.put_file(str(local), "p", mode="bogus")
+        assert fs.cat_file("p") == b"kept"
+        for value in (bytearray(b"ba"), memoryview(b"xmvx")[1:3]):
+            fs.pipe_file("p", value)
+            assert fs.cat_file("p") == bytes(value)
+        fs.pipe_file("p", b"over", mode="overwrite")
+        with pytest.raises(FileExistsError):
+            fs.pipe_file("p", b"create", mode="create")
+        assert fs.cat_file("p") == b"over"
+
+    await with_fs(address, use_it)
+
+
 async def test_an_exclusive_create_that_loses_the_race_keeps_the_winners_data(address):
     def use_it(fs: FscacheFileSystem) -> None:
         loser = fs.open("race", "xb")  # nothing there yet
