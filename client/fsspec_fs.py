@@ -604,6 +604,7 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         **kwargs: Any,
     ) -> _File:
         path = self._strip_protocol(path)
+        _check_block_size(block_size)
         info = None
         if mode == "rb":
             info = self.info(path)
@@ -763,6 +764,18 @@ class _Deferred:
     def discard(self) -> None:
         with contextlib.suppress(FileNotFoundError), _os_errors(self.temp):
             self.fs.client.delete(self.temp)
+
+
+def _check_block_size(block_size: object) -> None:
+    """Refuse a ``block_size`` that is not a number of bytes > 0 (None or
+    ``"default"``: fsspec's default). fsspec's own file takes any: its read-ahead
+    cache drops the last byte of a file with -1, and its "bytes" cache divides by 0."""
+    if block_size is None or (isinstance(block_size, str) and block_size == "default"):
+        return
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise TypeError(f"block_size must be an int, not {type(block_size).__name__}")
+    if block_size <= 0:
+        raise ValueError(f"block_size must be a number of bytes > 0, not {block_size}")
 
 
 def _exclusive(mode: str) -> bool:

@@ -389,6 +389,26 @@ async def test_head_and_tail_are_of_one_version_and_need_no_pin(address):
     await with_fs(address, use_it)
 
 
+async def test_a_block_size_is_a_number_of_bytes_above_zero(address):
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe_file("f", b"0123456789")
+        for mode in ("rb", "wb", "xb"):
+            for bad in (-1, 0):
+                with pytest.raises(ValueError, match="block_size must be a number of bytes"):
+                    fs.open("f2", mode, block_size=bad)
+                with pytest.raises(ValueError, match="block_size"):
+                    fs.open("f", mode, block_size=bad, cache_type="bytes")
+            for wrong in (2.5, "10", True):
+                with pytest.raises(TypeError, match="block_size must be an int"):
+                    fs.open("f", mode, block_size=wrong)
+        assert not fs.exists("f2")
+        for good in (None, "default", 1, 3):
+            with fs.open("f", "rb", block_size=good) as f:
+                assert f.read() == b"0123456789"
+
+    await with_fs(address, use_it)
+
+
 async def test_a_ranged_read_fetches_only_the_chunks_it_covers(address, root):
     data = bytes(range(251)) * (4 * CHUNK_SIZE // 251)  # four chunks, give or take
     (root / "huge").write_bytes(data)  # written behind the server: no cache holds it
