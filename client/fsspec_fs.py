@@ -74,7 +74,13 @@ rewriting the file makes them read the new version, not raise ``FileExpired``.
 ahead, not in a block read for every line as fsspec's own does.
 ``"wb"`` keeps up to a block in memory and spools the rest to an anonymous
 temporary file; on close the whole is uploaded in parts and replaces the file
-atomically (readers see the old or the new contents, never a mix).  ``"xb"`` does
+atomically (readers see the old or the new contents, never a mix).  A ``with
+fs.open(path, "wb") as f:`` whose body raises writes nothing, as if it had been
+discarded: the file keeps its old contents, and with ``autocommit=False`` no
+temporary name is left (fsspec's own file publishes what was written).  fsspec's
+``with fsspec.open(url, "wb")`` is fsspec's ``OpenFile``, which closes the file
+however its body ended and does not say how: there the part written is published,
+so use ``fs.open`` or a transaction where that matters.  ``"xb"`` does
 the same as a compare-and-set against version 0 (an absent file), so an exclusive
 create that loses a race raises ``FileExistsError`` instead of overwriting.
 ``get_file`` streams into the local file (``read_into``); ``put_file`` streams
@@ -130,6 +136,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
+import io
 import operator
 import os
 import tempfile
@@ -681,6 +688,16 @@ class _File(AbstractBufferedFile):  # type: ignore[misc]
         self._piece = b""
         super().close()
 
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        """Close the file; but a write whose ``with`` body raised is dropped
+        unwritten: the file keeps its old contents, and nothing is left under a
+        temporary name (see Files). fsspec's own closes, which publishes the part
+        written before the exception."""
+        if exc_type is not None and self.mode != "rb":
+            self._drop()
+        else:
+            self.close()
+
     def _fetch_range(self, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end``, of the version this file was opened at: the
         version is checked after the read (:class:`FileExpired` if it changed)."""
@@ -731,12 +748,17 @@ class _File(AbstractBufferedFile):  # type: ignore[misc]
         open, and what was written under the temporary name is deleted."""
         if self.autocommit:
             raise RuntimeError("Cannot discard if set to autocommit")
-        if not self.closed:
-            self.closed = True
-            self._close_spool()
+        self._drop()
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
             deferred.discard()
+
+    def _drop(self) -> None:
+        """Close the file without writing anything (if it is still open)."""
+        if not self.closed:
+            self.closed = True
+            self._close_spool()
+            self.buffer = io.BytesIO()
 
     def _close_spool(self) -> None:
         if self._spool is not None:

@@ -447,6 +447,39 @@ async def test_writes_are_spooled_and_replace_the_file_whole_on_close(address, r
     await with_fs(address, use_it)
 
 
+async def test_a_write_whose_with_body_raises_writes_nothing(address):
+    class Changed(Exception):
+        pass
+
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe_file("d/old", b"old")
+        uploads = fs.client.server_stats()["uploads"]
+        for mode, path in (("wb", "d/old"), ("xb", "d/new")):
+            for autocommit in (True, False):
+                with (
+                    pytest.raises(Changed),
+                    fs.open(path, mode, block_size=10, autocommit=autocommit) as f,
+                ):
+                    f.write(b"partial" * 10)  # spooled past a block
+                    raise Changed
+                assert f.closed
+                if not autocommit:
+                    f.commit()  # nothing to publish
+        with fs.transaction:
+            with pytest.raises(Changed), fs.open("d/old", "wb") as f:
+                f.write(b"partial")
+                raise Changed
+            fs.pipe_file("d/other", b"other")
+        assert fs.cat_file("d/old") == b"old" and not fs.exists("d/new")
+        assert fs.ls("d", detail=False) == ["d/old", "d/other"]  # no temporary file left
+        assert fs.client.server_stats()["uploads"] == uploads
+        with fs.open("d/old", "wb", block_size=10) as f:  # a body that ends well
+            f.write(b"new" * 10)
+        assert fs.cat_file("d/old") == b"new" * 10
+
+    await with_fs(address, use_it)
+
+
 async def test_get_and_put_stream_files_and_make_directories(address, tmp_path):
     def use_it(fs: FscacheFileSystem) -> None:
         data = bytes(range(256)) * (3 * CHUNK_SIZE // 256 + 7)
