@@ -137,6 +137,7 @@ import contextlib
 import datetime
 import errno
 import io
+import ipaddress
 import operator
 import os
 import tempfile
@@ -158,7 +159,7 @@ from fscache.client.client import DEFAULT_PORT, READ_ATTEMPTS, Source, parse_add
 from fscache.errors import FscacheError
 from fscache.net import shown_address
 from fscache.paths import MAX_SEGMENT_BYTES
-from fscache.settings import CHUNK_SIZE
+from fscache.settings import CHUNK_SIZE, DEFAULT_HOST, BadSetting
 
 PROTOCOL = "fscache"
 TEMP_PREFIX = ".fsspec-tmp-"  # a deferred write's name: this, a uuid, ".", the target's name
@@ -196,13 +197,18 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     protocol = PROTOCOL
     root_marker = ""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, **kwargs: Any) -> None:
+    def __init__(
+        self, host: str = DEFAULT_HOST, port: int | str = DEFAULT_PORT, **kwargs: Any
+    ) -> None:
+        """A file system on the server at ``host`` (a name or an address; an IPv6 one
+        may come in brackets) and ``port`` (an int, or a string of digits).
+        :class:`~fscache.BadSetting` names the one that is not."""
         self._client_options = {
             k: kwargs.pop(k) for k in ("client_id", "ssl_context") if k in kwargs
         }
         super().__init__(**kwargs)
-        self.host, self.port = host, int(port)
-        self.netloc = shown_address(host, port)
+        self.host, self.port = _check_host(host), _check_port(port)
+        self.netloc = shown_address(self.host, self.port)
         self._client = self._connect()
         # fsspec calls _strip_protocol on the class too, before any instance exists
         # (only to strip); an instance's own also checks the server a URL names.
@@ -833,6 +839,40 @@ def _path_text(path: object) -> str:
             f"path must be a string, not {type(path).__name__} of {type(text).__name__}"
         )
     raise TypeError(f"path must be a string or an os.PathLike, not {type(path).__name__}")
+
+
+def _check_host(host: object) -> str:
+    """``host`` if it is a host name or an address (brackets taken off an IPv6 one),
+    else :class:`~fscache.BadSetting`."""
+    if not isinstance(host, str):
+        raise BadSetting(f"host must be a host name or an address (a str), not {host!r}")
+    bare = host[1:-1] if host[:1] == "[" and host[-1:] == "]" and _is_ipv6(host[1:-1]) else host
+    try:
+        bare, _ = parse_address(shown_address(bare, DEFAULT_PORT))
+    except BadSetting:
+        raise BadSetting(
+            f"host must be a host name or an address, such as 127.0.0.1, ::1 or localhost,"
+            f" not {host!r}"
+        ) from None
+    return bare
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
+def _check_port(port: object) -> int:
+    """``port`` as an int if it is a TCP port (1..65535), given as an int or as a
+    string of digits, else :class:`~fscache.BadSetting` (a bool, a float, ``None``:
+    ``int()`` would take some of them as ports)."""
+    if isinstance(port, str) and port.isascii() and port.isdigit():
+        port = int(port)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise BadSetting(f"port must be 1..65535 (an int or a string of digits), not {port!r}")
+    return port
 
 
 def _server_of(url: str) -> tuple[str, int] | None:

@@ -27,6 +27,7 @@ import fsspec
 import pytest
 import trio
 
+import fscache
 from fscache import errors
 from fscache.client import fsspec_fs
 from fscache.client.fsspec_fs import FscacheFileSystem
@@ -686,6 +687,28 @@ async def test_urls_name_the_instances_server(address, nursery, tmp_path):
 
 
 # ---------------------------------------------------------------- times
+async def test_a_bad_host_or_port_is_a_bad_setting_that_names_it(address):
+    host, port = address.split(":")
+
+    def try_them() -> None:
+        for bad in ("abc", None, 0, -1, 70000, 7821.9, True, "", " 7830", "-1", "7830x", "٧"):
+            with pytest.raises(fscache.BadSetting, match=r"port must be 1\.\.65535"):
+                FscacheFileSystem(host=host, port=bad, skip_instance_cache=True)  # type: ignore[arg-type]
+        for bad in (None, 5, b"127.0.0.1", "", " ", "a:b", "[a]", "[127.0.0.1]", "bad\udcff"):
+            with pytest.raises(fscache.BadSetting, match="host must be a host name or an addr"):
+                FscacheFileSystem(host=bad, port=port, skip_instance_cache=True)  # type: ignore[arg-type]
+        for good_host, good_port in ((host, port), (f" {host}", int(port))):
+            fs = FscacheFileSystem(host=good_host, port=good_port, skip_instance_cache=True)
+            try:
+                assert (fs.host, fs.port) == (host, int(port)) and fs.netloc == address
+                fs.pipe_file("f", b"reached")
+                assert fs.cat_file("f") == b"reached"
+            finally:
+                fs.client.close()
+
+    await trio.to_thread.run_sync(try_them)
+
+
 async def test_modified_is_the_version_in_utc_and_info_has_mtime(address, root):
     def use_it(fs: FscacheFileSystem) -> None:
         fs.pipe_file("d/f", b"x")
