@@ -19,7 +19,10 @@ where fsspec takes several); anything else (``None``, a number, ``bytes``) is a
 A URL names its server (``fscache://host:port/path``); an instance refuses
 (``ValueError``) a URL that names another server than its own, as written (so
 ``localhost`` is not ``127.0.0.1``), and :meth:`FscacheFileSystem.unstrip_protocol`
-puts its own back, so a name it hands out opens the same file again.
+puts its own back, so a name it hands out opens the same file again.  The instance
+``fsspec.open(url)`` makes is on the URL's server (``url_server``); a ``host`` or
+``port`` given with the URL (``fsspec.open(url, port=...)``) must name that server
+too, else ``ValueError``.
 
 Freshness of listings.  fsspec's own listing cache is not used: the client's
 listings are leased, so the *names* in a listing are never stale (a create,
@@ -180,6 +183,20 @@ class FileExpired(OSError):
         super().__init__(errno.ESTALE, why, path)
 
 
+class _Default:
+    """A host or port not given: its default, unless a URL names the server."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+_DEFAULT_HOST: Any = _Default(DEFAULT_HOST)
+_DEFAULT_PORT: Any = _Default(DEFAULT_PORT)
+
+
 # Held while an instance connects a new client. A forked child gets a new one: a
 # thread of the parent may have held it at the fork.
 _reconnecting = threading.Lock()
@@ -198,16 +215,24 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     root_marker = ""
 
     def __init__(
-        self, host: str = DEFAULT_HOST, port: int | str = DEFAULT_PORT, **kwargs: Any
+        self,
+        host: str = _DEFAULT_HOST,
+        port: int | str = _DEFAULT_PORT,
+        *,
+        url_server: str | None = None,
+        **kwargs: Any,
     ) -> None:
         """A file system on the server at ``host`` (a name or an address; an IPv6 one
-        may come in brackets) and ``port`` (an int, or a string of digits).
-        :class:`~fscache.BadSetting` names the one that is not."""
+        may come in brackets) and ``port`` (an int, or a string of digits), or the one
+        a URL names: fsspec passes it as ``url_server`` (``HOST:PORT``, see
+        :meth:`_get_kwargs_from_urls`), and a ``host`` or ``port`` given as well must
+        name the same server (``ValueError``). :class:`~fscache.BadSetting` names a
+        host or port that is not one."""
         self._client_options = {
             k: kwargs.pop(k) for k in ("client_id", "ssl_context") if k in kwargs
         }
         super().__init__(**kwargs)
-        self.host, self.port = _check_host(host), _check_port(port)
+        self.host, self.port = _server_for(host, port, url_server)
         self.netloc = shown_address(self.host, self.port)
         self._client = self._connect()
         # fsspec calls _strip_protocol on the class too, before any instance exists
@@ -276,10 +301,14 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     @staticmethod
     def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
+        """The server a URL names, as ``url_server``. Not as ``host`` and ``port``:
+        fsspec merges what this gives with the caller's own keyword arguments in one
+        ``dict()``, so ``fsspec.open(url, port=...)`` with a port other than the URL's
+        would be a ``TypeError`` ("got multiple values for keyword argument") before
+        this file system could say what is wrong. ``__init__`` checks that the two
+        agree."""
         server = _server_of(path)
-        if server is None:
-            return {}
-        return {"host": server[0], "port": server[1]}
+        return {} if server is None else {"url_server": shown_address(*server)}
 
     # ------------------------------------------------------------ listing
     def info(self, path: str, **kwargs: Any) -> Info:
@@ -839,6 +868,30 @@ def _path_text(path: object) -> str:
             f"path must be a string, not {type(path).__name__} of {type(text).__name__}"
         )
     raise TypeError(f"path must be a string or an os.PathLike, not {type(path).__name__}")
+
+
+def _server_for(host: object, port: object, url_server: str | None) -> tuple[str, int]:
+    """The ``(host, port)`` a file system is on: ``host`` and ``port`` (their defaults
+    if not given), or ``url_server``, the server a URL names, if there is one; then a
+    ``host`` or ``port`` given as well must be that server's (``ValueError``)."""
+    checked = (
+        DEFAULT_HOST if host is _DEFAULT_HOST else _check_host(host),
+        DEFAULT_PORT if port is _DEFAULT_PORT else _check_port(port),
+    )
+    if url_server is None:
+        return checked
+    named = parse_address(url_server)
+    given = []
+    if host is not _DEFAULT_HOST and checked[0] != named[0]:
+        given.append(f"host={host!r}")
+    if port is not _DEFAULT_PORT and checked[1] != named[1]:
+        given.append(f"port={port!r}")
+    if given:
+        raise ValueError(
+            f"the URL names the server {shown_address(*named)}, which"
+            f" {' and '.join(given)} contradict{'s' if len(given) == 1 else ''}"
+        )
+    return named
 
 
 def _check_host(host: object) -> str:

@@ -686,6 +686,33 @@ async def test_urls_name_the_instances_server(address, nursery, tmp_path):
     await with_fs(address, use_it)
 
 
+async def test_a_url_and_keywords_naming_its_server_too_agree_or_are_refused(address):
+    host, port = address.split(":")
+    url = f"fscache://{address}/a.txt"
+
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe_file("a.txt", b"a")
+        for agreeing in ({}, {"host": host}, {"port": int(port)}, {"host": host, "port": port}):
+            url_fs, path = fsspec.url_to_fs(url, **agreeing)
+            assert (url_fs.host, url_fs.port, path) == (host, int(port), "a.txt")
+            with fsspec.open(url, "rb", **agreeing) as f:
+                assert f.read() == b"a"
+        other = int(port) % 65535 + 1
+        for contradicting, named in (
+            ({"port": other}, f"port={other}"),
+            ({"host": "localhost"}, "host='localhost'"),
+            ({"host": "localhost", "port": str(other)}, f"host='localhost' and port='{other}'"),
+        ):
+            with pytest.raises(ValueError, match=f"names the server {address}, which {named}"):
+                fsspec.open(url, "rb", **contradicting).open()
+        with pytest.raises(ValueError, match=f"names the server 127.0.0.1:{other}"):
+            fsspec.url_to_fs(f"fscache://127.0.0.1:{other}/a.txt", port=port)
+        with pytest.raises(ValueError, match=f"{other}.*but this file system is on {address}"):
+            fs.cat(f"fscache://127.0.0.1:{other}/a.txt")  # an instance's own check, as before
+
+    await with_fs(address, use_it)
+
+
 # ---------------------------------------------------------------- times
 async def test_a_bad_host_or_port_is_a_bad_setting_that_names_it(address):
     host, port = address.split(":")
