@@ -18,11 +18,13 @@ where fsspec takes several); anything else (``None``, a number, ``bytes``) is a
 ``TypeError``, never a file named after it.
 A URL names its server (``fscache://host:port/path``); an instance refuses
 (``ValueError``) a URL that names another server than its own, as written (so
-``localhost`` is not ``127.0.0.1``), and :meth:`FscacheFileSystem.unstrip_protocol`
-puts its own back, so a name it hands out opens the same file again.  The instance
-``fsspec.open(url)`` makes is on the URL's server (``url_server``); a ``host`` or
-``port`` given with the URL (``fsspec.open(url, port=...)``) must name that server
-too, else ``ValueError``.
+``localhost`` is not ``127.0.0.1``; the spellings of one IPv6 address are one
+server), and :meth:`FscacheFileSystem.unstrip_protocol` puts its own back, so a
+name it hands out opens the same file again.  It writes an IPv6 address out
+without ``::`` (``fscache://[0:0:0:0:0:0:0:1]:7710/a`` for ``::1``): fsspec cuts
+URLs at ``::``, its chaining separator.  The instance ``fsspec.open(url)`` makes
+is on the URL's server (``url_server``); a ``host`` or ``port`` given with the URL
+(``fsspec.open(url, port=...)``) must name that server too, else ``ValueError``.
 
 Freshness of listings.  fsspec's own listing cache is not used: the client's
 listings are leased, so the *names* in a listing are never stale (a create,
@@ -276,7 +278,7 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         server = _server_of(text)
         if server is not None and server != (self.host, self.port):
             raise ValueError(
-                f"{text!r} names the server {server[0]}:{server[1]}, but this file"
+                f"{text!r} names the server {shown_address(*server)}, but this file"
                 f" system is on {self.netloc}"
             )
         return type(self)._strip_protocol(text)
@@ -296,8 +298,10 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def unstrip_protocol(self, name: str) -> str:
         """``name`` as a URL naming this instance's server, so that it opens the
-        same file again (``fsspec.open_files(...)[0].full_name``)."""
-        return f"{PROTOCOL}://{self.netloc}/{self._strip_protocol(name)}"
+        same file again (``fsspec.open_files(...)[0].full_name``); an IPv6 address
+        written out without ``::`` (see :func:`_url_host`)."""
+        host = _url_host(self.host)
+        return f"{PROTOCOL}://{shown_address(host, self.port)}/{self._strip_protocol(name)}"
 
     @staticmethod
     def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
@@ -880,7 +884,7 @@ def _server_for(host: object, port: object, url_server: str | None) -> tuple[str
     )
     if url_server is None:
         return checked
-    named = parse_address(url_server)
+    named = _parse_server(url_server)
     given = []
     if host is not _DEFAULT_HOST and checked[0] != named[0]:
         given.append(f"host={host!r}")
@@ -901,7 +905,7 @@ def _check_host(host: object) -> str:
         raise BadSetting(f"host must be a host name or an address (a str), not {host!r}")
     bare = host[1:-1] if host[:1] == "[" and host[-1:] == "]" and _is_ipv6(host[1:-1]) else host
     try:
-        bare, _ = parse_address(shown_address(bare, DEFAULT_PORT))
+        bare, _ = _parse_server(shown_address(bare, DEFAULT_PORT))
     except BadSetting:
         raise BadSetting(
             f"host must be a host name or an address, such as 127.0.0.1, ::1 or localhost,"
@@ -929,16 +933,42 @@ def _check_port(port: object) -> int:
 
 
 def _server_of(url: str) -> tuple[str, int] | None:
-    """The ``(host, port)`` an ``fscache://`` URL names, or None if it names none."""
+    """The ``(host, port)`` an ``fscache://`` URL names (see :func:`_parse_server`),
+    or None if it names none."""
     if not url.startswith(PROTOCOL + "://"):
         return None
     netloc = url[len(PROTOCOL) + 3 :].partition("/")[0]
     if not netloc:
         return None
+    if netloc.startswith("[") and "]" not in netloc:  # fsspec cut the URL at a "::"
+        raise ValueError(
+            f"{url!r} is a URL cut at '::', which fsspec takes for a chain of URLs: write"
+            " an IPv6 address out without '::' ([0:0:0:0:0:0:0:1] for [::1])"
+        )
     try:
-        return parse_address(netloc)
+        return _parse_server(netloc)
     except FscacheError as exc:
         raise ValueError(str(exc)) from exc
+
+
+def _parse_server(address: str) -> tuple[str, int]:
+    """``parse_address``, an IPv6 host in one spelling (``::1`` for
+    ``0:0:0:0:0:0:0:1``), so that the spellings of a server compare equal."""
+    host, port = parse_address(address)
+    return (str(ipaddress.ip_address(host)) if _is_ipv6(host) else host), port
+
+
+def _url_host(host: str) -> str:
+    """``host`` as a URL names it: an IPv6 address with each of its eight groups
+    written out (``0:0:0:0:0:0:0:1`` for ``::1``), as fsspec cuts URLs at ``::``
+    (it chains file systems with it), and ``fsspec.open`` would then get the URL
+    ``fscache://[`` (:func:`_parse_server` reads it back as the same server)."""
+    if not _is_ipv6(host):
+        return host
+    address = ipaddress.IPv6Address(host)
+    packed = address.packed
+    groups = ":".join(f"{int.from_bytes(packed[i : i + 2], 'big'):x}" for i in range(0, 16, 2))
+    return groups if address.scope_id is None else f"{groups}%{address.scope_id}"
 
 
 def _info(name: str, is_dir: bool, size: int, version: int) -> Info:

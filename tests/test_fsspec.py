@@ -17,6 +17,7 @@ import errno
 import multiprocessing
 import os
 import pathlib
+import socket
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -711,6 +712,44 @@ async def test_a_url_and_keywords_naming_its_server_too_agree_or_are_refused(add
             fs.cat(f"fscache://127.0.0.1:{other}/a.txt")  # an instance's own check, as before
 
     await with_fs(address, use_it)
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+async def test_urls_of_an_ipv6_server_open_the_same_file_again(nursery, root):
+    server = await nursery.start(serve, ServerSettings(root=str(root), host="::1", port=0))
+    url = f"fscache://[0:0:0:0:0:0:0:1]:{server.port}/v6/a"
+
+    def use_it() -> None:
+        fs = FscacheFileSystem(host="::1", port=server.port, skip_instance_cache=True)
+        try:
+            fs.pipe_file("v6/a", b"six")
+            assert fs.unstrip_protocol("v6/a") == url  # fsspec cuts URLs at "::"
+            assert fs.cat_file(url) == b"six"  # the same server, not another
+            with fsspec.open(url, "rb") as f:
+                assert f.read() == b"six"
+            [opened] = fsspec.open_files(url)
+            assert opened.full_name == url and opened.fs.host == "::1"
+            assert fsspec.url_to_fs(url, host="[::1]")[1] == "v6/a"
+            with pytest.raises(ValueError, match=r"without '::' \(\[0:0:0:0:0:0:0:1\]"):
+                fsspec.open(f"fscache://[::1]:{server.port}/v6/a")
+            bracketed = FscacheFileSystem(host="[0::1]", port=server.port, skip_instance_cache=True)
+            try:
+                assert bracketed.host == "::1" and bracketed.cat_file(url) == b"six"
+            finally:
+                bracketed.client.close()
+        finally:
+            fs.client.close()
+
+    await trio.to_thread.run_sync(use_it)
 
 
 # ---------------------------------------------------------------- times
