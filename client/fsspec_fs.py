@@ -29,24 +29,26 @@ is on the URL's server (``url_server``); a ``host`` or ``port`` given with the U
 Freshness of listings.  fsspec's own listing cache is not used: the client's
 listings are leased, so the *names* in a listing are never stale (a create,
 delete or rename in a directory waits until every cached listing of it is
-dropped).  The sizes and versions in ``ls(detail=True)``, ``find(detail=True)``,
-``walk`` and ``du`` are as of the listing: the listing's lease covers the name
-set, and a file rewritten in place by another client does not touch it, so for
+dropped).  The sizes and versions in ``ls(detail=True)``, ``find(detail=True)``
+and ``walk(detail=True)`` are as of the listing: the listing's lease covers the
+name set, and a file rewritten in place by another client does not touch it, so for
 up to a lease term a cached listing may show the size and version the file had
 when it was listed.  ``info``, ``size``, ``modified`` and opening a file are one
 ``stat`` each, answered from the cache only while the file itself is leased, so
-they are exact.  Making every listed size exact would cost a ``stat`` per file
-whose data is not leased, one round trip each: listing a directory of 1,000
-such files took 12-14 ms from the cached listing and 0.55-0.81 s with a
-``stat`` per file (loopback, the 2-core test machine at load average 4-5), so
-it is not done: call ``info`` for the files whose size must be exact.
+they are exact; so is ``du``, as fsspec's calls ``info`` for each file it finds.
+Making every listed size exact would cost a ``stat`` per file whose data is not
+leased, one round trip each: listing a directory of 1,000 such files took
+12-14 ms from the cached listing and 0.55-0.81 s with a ``stat`` per file
+(loopback, the 2-core test machine at load average 4-5), so it is not done: call
+``info`` for the files whose size must be exact.
 
 Directories are the server's real directories.  ``mkdir``, ``makedirs`` and
 ``rmdir`` create and remove them (``create_parents`` and ``exist_ok`` as in
 fsspec's local file system); an empty directory exists and is listed.  ``ls`` is
 one ``scandir`` (one request per directory, or none while its listing is leased:
-names, types, sizes and versions together); fsspec's ``walk``, ``find``, ``glob``
-and ``du`` are built on it unchanged.  ``info`` is one ``stat``.
+names, types, sizes and versions together); fsspec's ``walk``, ``find`` and
+``glob`` are built on it unchanged, and its ``du`` on ``find`` and an ``info`` per
+file.  ``info`` is one ``stat``.
 ``rm(..., recursive=True)`` deletes the files and then the emptied directories,
 deepest first.
 

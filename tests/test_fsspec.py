@@ -998,7 +998,7 @@ async def test_an_exclusive_create_in_a_transaction_does_not_replace_a_newcomer(
 # ---------------------------------------------------------------- listings' freshness
 async def test_listed_names_are_fresh_and_info_is_exact(address):
     """What the theory note promises: names in a listing are never stale; sizes in
-    a cached listing are as of the listing; ``info`` and ``size`` are exact."""
+    a cached listing are as of the listing; ``info``, ``size`` and ``du`` are exact."""
 
     def use_it(fs: FscacheFileSystem) -> None:
         other = new_fs(address)
@@ -1010,6 +1010,7 @@ async def test_listed_names_are_fresh_and_info_is_exact(address):
             assert fs.ls("d", detail=False) == ["d/f", "d/g"]
             assert fs.info("d/f")["size"] == fs.size("d/f") == 2
             other.pipe_file("d/g", b"4444")
+            assert fs.du("d", total=False) == {"d/f": 2, "d/g": 4}  # an info per file
             assert fs.info("d/g")["size"] == 4
         finally:
             other.client.close()
