@@ -74,7 +74,8 @@ in time behind the server's back, by ``touch -d`` say, could defeat that.)
 ``cat_file(path, start, end)`` is one ranged read, of one version, and needs no
 pin; a limit counted back from the end (negative) is counted from the size a
 ``stat`` gives, and the version is checked after the read as an open file's is:
-if it changed, the read is made again (:meth:`FscacheFileSystem._read_counted_back`).
+if it changed, the read is made again, and a small file that keeps changing is read
+whole (:meth:`FscacheFileSystem._read_counted_back`).
 ``head`` and ``tail`` are such reads too, not an open file, so another client
 rewriting the file makes them read the new version, not raise ``FileExpired``.
 ``readline`` (and so ``for line in f``) finds lines in a piece of 64 KiB it reads
@@ -509,36 +510,37 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _read_counted_back(self, path: str, start: int | None, end: int | None) -> bytes:
         """``cat_file`` with a limit counted back from the end: the size (and
-        version) from ``info``, one ranged read, then the version again. The same
+        version) from ``info``, one ranged read, then ``info`` again. The same
         version after the read means the read was of it (versions only increase, as
         for an open file's reads); another one means the file changed in between, so
-        the bytes may be the end of no version: ask again, up to
-        :data:`READ_ATTEMPTS` times, then :class:`FileExpired`."""
+        the bytes may be the end of no version: read again, counting from the size
+        just seen. A file that changed under each of :data:`READ_ATTEMPTS` reads is
+        read whole if it was small (one chunk: one request, of one version, its
+        limits counted from what came), else that is :class:`FileExpired`."""
+        info = self.info(path)
         for _ in range(READ_ATTEMPTS):
-            info = self.info(path)
             first, last, _ = slice(start, end).indices(info["size"])
             data = self._read_range(path, first, last)
-            if self._version_now(path) == info["version"]:
+            seen, info = info, self.info(path)
+            if info["version"] == seen["version"]:
                 return data
-        raise FileExpired(path, f"the file changed under each of {READ_ATTEMPTS} reads")
-
-    def _version_now(self, path: str) -> int | None:
-        """The version of the file ``path`` now, or None if it is gone (or is a
-        directory now)."""
-        try:
-            info = self.info(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        return info["version"] if info["type"] == "file" else None
+        if info["size"] > CHUNK_SIZE:
+            raise FileExpired(path, f"the file changed under each of {READ_ATTEMPTS} reads")
+        data = self._read_range(path, 0, None)
+        first, last, _ = slice(start, end).indices(len(data))
+        return data[first:last]
 
     def _read_range(self, path: str, start: int, end: int | None) -> bytes:
         """Bytes ``start`` up to ``end`` (None: to the end) of the file ``path``: a
         whole read when that is the whole file, else a ranged one."""
         with _os_errors(path):
-            if start == 0 and end is None:
-                return self.client.read(path)
-            length = None if end is None else max(end - start, 0)
-            return self.client.read(path, offset=start, length=length)
+            try:
+                if start == 0 and end is None:
+                    return self.client.read(path)
+                length = None if end is None else max(end - start, 0)
+                return self.client.read(path, offset=start, length=length)
+            except errors.Conflict as exc:  # read by chunks, it kept changing between them
+                raise FileExpired(path, str(exc)) from exc
 
     def get_file(
         self,

@@ -341,12 +341,17 @@ async def test_a_range_counted_back_from_the_end_is_of_one_version(address):
             other.pipe_file("f", v1)
             assert fs.cat_file("f", start=-20, end=-10) == b"y" * 10  # v2's
 
+            replacement = [b"0123456789changed"]
+
             def write_always(path: str, start: int, end: int | None) -> bytes:
-                other.pipe_file("f", b"changed")
+                other.pipe_file("f", replacement[0])  # a new version under every read
                 return read_range(path, start, end)
 
             fs._read_range = write_always  # type: ignore[method-assign]
-            with pytest.raises(fsspec_fs.FileExpired) as expired:  # changes under every read
+            assert fs.cat_file("f", start=-10, end=-3) == b"789chan"  # read whole, at last
+            replacement[0] = bytes(CHUNK_SIZE + 1)  # too big to read whole for a few bytes
+            fs.pipe_file("f", replacement[0])
+            with pytest.raises(fsspec_fs.FileExpired) as expired:
                 fs.cat_file("f", start=-10)
             assert expired.value.filename == "f" and expired.value.errno == errno.ESTALE
         finally:
