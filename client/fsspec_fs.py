@@ -473,7 +473,7 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
         path1, path2 = self._strip_protocol(path1), self._strip_protocol(path2)
         with tempfile.SpooledTemporaryFile(max_size=CHUNK_SIZE) as spool:
             try:
-                with _os_errors(path1):
+                with _read_errors(path1):
                     self.client.read_into(path1, spool)
             except IsADirectoryError:
                 self.makedirs(path2, exist_ok=True)
@@ -533,14 +533,11 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def _read_range(self, path: str, start: int, end: int | None) -> bytes:
         """Bytes ``start`` up to ``end`` (None: to the end) of the file ``path``: a
         whole read when that is the whole file, else a ranged one."""
-        with _os_errors(path):
-            try:
-                if start == 0 and end is None:
-                    return self.client.read(path)
-                length = None if end is None else max(end - start, 0)
-                return self.client.read(path, offset=start, length=length)
-            except errors.Conflict as exc:  # read by chunks, it kept changing between them
-                raise FileExpired(path, str(exc)) from exc
+        with _read_errors(path):
+            if start == 0 and end is None:
+                return self.client.read(path)
+            length = None if end is None else max(end - start, 0)
+            return self.client.read(path, offset=start, length=length)
 
     def get_file(
         self,
@@ -564,7 +561,7 @@ class FscacheFileSystem(AbstractFileSystem):  # type: ignore[misc]
             if outfile is None:
                 os.makedirs(os.path.dirname(lpath) or ".", exist_ok=True)
                 outfile = stack.enter_context(open(lpath, "wb"))
-            with _os_errors(rpath):
+            with _read_errors(rpath):
                 copied = self.client.read_into(rpath, outfile)
         callback.relative_update(copied)
 
@@ -1024,6 +1021,18 @@ def _os_errors(path: str, path2: str | None = None) -> Iterator[None]:
         if kind is ConnectionError and _timed_out(exc):
             kind, code = TimeoutError, errno.ETIMEDOUT
         raise kind(code, str(exc), path, None, path2) from exc
+
+
+@contextlib.contextmanager
+def _read_errors(path: str) -> Iterator[None]:
+    """:func:`_os_errors` around a read, where a file read by chunks that kept changing
+    between them (:class:`~fscache.errors.Conflict`) is :class:`FileExpired`, as an
+    open file's change is."""
+    with _os_errors(path):
+        try:
+            yield
+        except errors.Conflict as exc:
+            raise FileExpired(path, str(exc)) from exc
 
 
 def _timed_out(exc: BaseException) -> bool:

@@ -917,6 +917,31 @@ async def test_lines_read_after_the_file_changed_raise_file_expired(address):
     await with_fs(address, use_it)
 
 
+async def test_a_copy_or_download_of_a_file_that_kept_changing_is_file_expired(
+    address, tmp_path, monkeypatch
+):
+    """A file read by chunks that changed between every try (the client's Conflict)
+    is FileExpired for get, cp and cat alike, not FileExistsError."""
+
+    def use_it(fs: FscacheFileSystem) -> None:
+        fs.pipe_file("f", b"data")
+
+        def kept_changing(*args: object, **kwargs: object) -> object:
+            raise fscache.Conflict("'f' changed while it was read, each of 3 times")
+
+        monkeypatch.setattr(fs.client, "read_into", kept_changing)
+        monkeypatch.setattr(fs.client, "read", kept_changing)
+        for call in (
+            lambda: fs.get_file("f", str(tmp_path / "f")),
+            lambda: fs.cp_file("f", "g"),
+            lambda: fs.cat_file("f"),
+        ):
+            with pytest.raises(fsspec_fs.FileExpired, match="changed while it was read"):
+                call()
+
+    await with_fs(address, use_it)
+
+
 # ---------------------------------------------------------------- transactions
 async def test_a_transaction_publishes_its_files_only_when_it_ends_well(address):
     def use_it(fs: FscacheFileSystem) -> None:
