@@ -639,7 +639,7 @@ class FileService:
             prefix=self.epoch,
         )
         self.connections: dict[HolderId, Connection] = {}  # by session
-        self._open = 0  # connections accepted and not yet closed (in handshake too)
+        self._open = 0  # connections admitted and not yet closed (in handshake too)
         self._max_leases = settings.max_leases_per_holder
         self._by_identity: Counter[str] = Counter()  # connections past the hello
         self._pending: dict[OpId, _Pending] = {}
@@ -859,13 +859,16 @@ class FileService:
         self.counters.connections_total += 1
         decoder = p.FrameDecoder(self.settings.max_frame)
         wire = wire_for(stream)
-        self._open += 1
+        # a connection turned away is not counted: while it is told why, the
+        # connections open are still the limit's, not one more
+        admitted = self._open < self.settings.max_connections
+        self._open += admitted
         try:
             try:
-                if self._open > self.settings.max_connections:
+                if not admitted:
                     # before a TLS handshake the identity is not known yet
                     identity = None if isinstance(stream, trio.SSLStream) else ANONYMOUS
-                    await self._refuse_connection(wire, peer, identity, self._open - 1)
+                    await self._refuse_connection(wire, peer, identity, self._open)
                     return
                 hello = await self._handshake(wire, decoder, peer, stream)
                 if hello is None:
@@ -880,7 +883,7 @@ class FileService:
         except* Exception:  # a bug must cost one connection, never the server
             log.exception("%s: internal error; connection closed", peer)
         finally:
-            self._open -= 1
+            self._open -= admitted
 
     async def _refuse_connection(
         self, wire: Wire, peer: str, identity: str | None, count: int
@@ -889,18 +892,22 @@ class FileService:
         untouched."""
         limit = "max_connections"
         self._refused(peer, limit, identity, count)
-        error = Unavailable(f"the server is at its limit {limit}={count} connections; try later")
+        error = Unavailable(
+            f"the server is at its limit {limit}={self.settings.max_connections} "
+            f"({count} connections open); try later"
+        )
         with trio.move_on_after(HANDSHAKE_TIMEOUT):
             await _send_quietly(wire, p.Error(id=None, code=error.code, message=str(error)))
 
     def _admit(self, identity: str, peer: str) -> None:
         """Refuse a connection of ``identity`` beyond max_connections_per_identity."""
         limit = self.settings.max_connections_per_identity
-        if self._by_identity[identity] >= limit:
-            self._refused(peer, "max_connections_per_identity", identity, limit)
+        count = self._by_identity[identity]
+        if count >= limit:
+            self._refused(peer, "max_connections_per_identity", identity, count)
             raise Unavailable(
-                f"{identity!r} has {limit} connections open, the limit "
-                f"max_connections_per_identity; try later"
+                f"{identity!r} has {count} connections open, the limit "
+                f"max_connections_per_identity={limit}; try later"
             )
 
     def _refused(self, peer: str, limit: str, identity: str | None, count: int) -> None:

@@ -142,6 +142,37 @@ async def test_refusals_at_either_connection_limit_are_one_warning_and_an_event_
         await stream.aclose()
 
 
+async def test_a_connection_being_turned_away_is_not_counted_as_open(
+    nursery, root, autojump_clock, caplog
+):
+    """While a refused connection is still being told why (its peer reads slowly: a
+    TLS handshake, a full socket), the connections open are the limit's, not one
+    more: a later refusal reports them, its message names the limit, and a slot
+    freed meanwhile admits the next connection."""
+    caplog.set_level(logging.INFO, logger="fscache.events")
+    cluster = await started(nursery, root, max_connections=2)
+    await seed(cluster)
+    first, _second = await cluster.raw("a"), await cluster.raw("b")
+    assert cluster.service is not None
+    slow, server_side = trio.testing.lockstep_stream_pair()  # reads nothing yet
+    nursery.start_soon(cluster.service.serve_stream, server_side)
+    await trio.testing.wait_all_tasks_blocked()  # its refusal waits to be sent
+
+    third = RawPeer(cluster._connect("c"))
+    error = await third.receive()
+    assert isinstance(error, p.Error) and error.code == "unavailable"
+    assert "its limit max_connections=2 (2 connections open)" in error.message
+    fields = [r.fields for r in caplog.records if getattr(r, "event", None) == "refused"]
+    assert [(f["limit"], f["open"]) for f in fields] == [("max_connections", 2)] * 2
+
+    await first.send(p.Goodbye())
+    await first.close()
+    await trio.sleep(0.1)  # the slow refusal is still being sent
+    assert isinstance(await (await cluster.raw("d")).read("f"), p.Data)  # a slot again
+    assert cluster.service.counters.connections_refused == 2
+    await slow.aclose()
+
+
 async def test_a_client_turned_away_at_its_identitys_cap_closes_its_connection(
     nursery, root, autojump_clock
 ):
