@@ -24,9 +24,9 @@ import re
 import unicodedata
 
 from fscache.errors import BadPath
+from fscache.settings import MAX_PATH_BYTES as MAX_PATH_BYTES  # re-exported
+from fscache.settings import MAX_SEGMENT_BYTES as MAX_SEGMENT_BYTES
 
-MAX_PATH_BYTES = 1024  # whole path, UTF-8
-MAX_SEGMENT_BYTES = 255  # one name, as most file systems allow
 RESERVED_PREFIX = ".fscache"  # the store's temp files and the server's state directory
 
 

@@ -130,6 +130,7 @@ from fscache.settings import (
     DEFAULT_SKEW,
     DEFAULT_TERM,
     FRAME_TIMEOUT,
+    HANDSHAKE_TIMEOUT,
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_IDENTITY,
     MAX_IN_FLIGHT,
@@ -138,7 +139,9 @@ from fscache.settings import (
     MAX_PATHS,
     MAX_PENDING_WRITE_BYTES,
     MAX_PENDING_WRITE_BYTES_TOTAL,
+    MAX_SECRET,
     MAX_TERM,
+    MAX_UPLOADS,
     SEND_TIMEOUT,
     BadSetting,
     check_duration,
@@ -150,11 +153,8 @@ log = logging.getLogger("fscache.server")
 
 BlockingIO = Callable[..., Awaitable[Any]]
 
-HANDSHAKE_TIMEOUT = 10.0  # a peer that connects and says nothing is dropped after this
 INCARNATION_FILE = "incarnation.json"  # in the store's state directory
-MAX_UPLOADS = 16  # open uploads per connection: each holds a temp file and two descriptors
 SECRET_BYTES = 16  # a session's secret: unguessable, as a 128-bit key is
-MAX_SECRET = 64  # bytes: a hello's secret longer than this is refused unread
 # Requests one connection handles before the others get a turn: a client pipelining
 # thousands of requests delays another's by at most this many (about 1 ms), while
 # the replies to a turn still leave in one write.

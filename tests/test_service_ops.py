@@ -17,9 +17,9 @@ import trio
 from fscache import protocol as p
 from fscache.errors import BadPath
 from fscache.paths import normalize_key
-from fscache.server.service import MAX_UPLOADS, ServerSettings, serve
+from fscache.server.service import ServerSettings, serve
 from fscache.server.store import TEMP_PREFIX
-from fscache.settings import CHUNK_SIZE
+from fscache.settings import CHUNK_SIZE, MAX_UPLOADS
 
 from .harness import Cluster, RawPeer
 from .test_service_timing import SKEW, TERM, at
