@@ -241,7 +241,12 @@ async def acquire(
     name = normalize(name)
     ttl = check_lock_ttl(ttl, _skew(client))
     if timeout is not None and timeout != math.inf:  # (inf: no timeout)
-        timeout = check_duration("timeout", timeout)
+        try:
+            timeout = check_duration("timeout", timeout)
+        except BadSetting:
+            raise BadSetting(
+                f"timeout must be a number of seconds >= 0, or inf (no timeout), not {timeout!r}"
+            ) from None
     if identity is None:
         identity = client.client_id
     check_identity(identity)  # before anything is sent (the server refuses it too)
