@@ -81,20 +81,20 @@ class Message:
     TYPE: ClassVar[str] = ""
 
 
-# A field added to a message after its first release is left out of the frame while
-# it holds its default, so the message's bytes stay what they were; a frame without it
+# An optional field is left out of the frame while it holds its default, so a message
+# that does not use it has the bytes of one without the field; a frame without it
 # decodes to the default.
 _LEFT_OUT_AT_DEFAULT = {"wire": "left out at default"}
 
 
 # A fenced change names a lock and a token: the server applies it only while the
-# token is the newest granted for that lock (fscache.locks). An optional field added
-# later to every write-like message.
+# token is the newest granted for that lock (fscache.locks). An optional field of
+# every write-like message.
 Fence = tuple[str, int]
 
 
-def _later() -> Any:
-    """An optional field added later: None, and then not in the frame."""
+def _optional() -> Any:
+    """An optional field: None, and then not in the frame."""
     return dataclasses.field(default=None, metadata=_LEFT_OUT_AT_DEFAULT)
 
 
@@ -133,7 +133,7 @@ class Write(Message):
     path: str
     data: bytes
     if_version: int | None = None
-    fence: tuple[str, int] | None = _later()
+    fence: tuple[str, int] | None = _optional()
     ephemeral: bool = dataclasses.field(default=False, metadata=_LEFT_OUT_AT_DEFAULT)
 
 
@@ -143,7 +143,7 @@ class Delete(Message):
     id: int
     path: str
     if_version: int | None = None
-    fence: tuple[str, int] | None = _later()
+    fence: tuple[str, int] | None = _optional()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -161,7 +161,7 @@ class ListDir(Message):
     TYPE: ClassVar[str] = "listdir"
     id: int
     path: str
-    after: str | None = _later()
+    after: str | None = _optional()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -363,7 +363,7 @@ class UploadCommit(Message):
     id: int
     upload: int
     if_version: int | None = None
-    fence: tuple[str, int] | None = _later()
+    fence: tuple[str, int] | None = _optional()
     ephemeral: bool = dataclasses.field(default=False, metadata=_LEFT_OUT_AT_DEFAULT)
 
 
@@ -387,7 +387,7 @@ class WriteRange(Message):
     offset: int
     data: bytes
     if_version: int | None = None
-    fence: tuple[str, int] | None = _later()
+    fence: tuple[str, int] | None = _optional()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -399,7 +399,7 @@ class Truncate(Message):
     path: str
     size: int
     if_version: int | None = None
-    fence: tuple[str, int] | None = _later()
+    fence: tuple[str, int] | None = _optional()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -411,7 +411,7 @@ class Rename(Message):
     id: int
     src: str
     dst: str
-    fence: tuple[str, int] | None = _later()
+    fence: tuple[str, int] | None = _optional()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -419,7 +419,7 @@ class MkDir(Message):
     TYPE: ClassVar[str] = "mkdir"
     id: int
     path: str
-    fence: tuple[str, int] | None = _later()
+    fence: tuple[str, int] | None = _optional()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -427,7 +427,7 @@ class RmDir(Message):
     TYPE: ClassVar[str] = "rmdir"
     id: int
     path: str
-    fence: tuple[str, int] | None = _later()
+    fence: tuple[str, int] | None = _optional()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -439,7 +439,7 @@ class ScanDir(Message):
     id: int
     path: str
     have: int | None = None
-    after: str | None = _later()
+    after: str | None = _optional()
 
 
 # ------------------------------------------------ server to client: names, directories, ranges
