@@ -525,7 +525,7 @@ class LockQuery(Message):
 class LockWatch(Message):
     """Who holds lock ``name`` (:class:`LockState`), and from then on a
     :class:`LockChanged` at every grant, release and expiry of it, on this connection.
-    ``stop`` (added later): still who holds it, but no more notices of it on this
+    ``stop`` (optional): still who holds it, but no more notices of it on this
     connection (the client's last watch of the name has ended)."""
 
     TYPE: ClassVar[str] = "lock_watch"
