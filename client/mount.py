@@ -182,9 +182,15 @@ Not supported, on purpose
   own locks. sqlite is one: while a process has a database open for writing, a
   process on another mount must not open it even to read (it may checkpoint a WAL
   or roll back a hot journal under the writer).
-- A file open here for writing that another client deletes or renames away: its
-  unsent writes are dropped at the close (as for an unlinked file), not written
-  under the old name; a name created through a directory another client removed
+- A file open here for writing that another client deletes or renames away (or a
+  directory above it): the server does not say where it went, so writes not yet
+  sent when the name went cannot follow it, and are not written under the old name
+  (which would make it, and its directories, again). The write-back that finds the
+  name gone drops them and logs a warning naming the file, and it and every later
+  write-back of the file fail with ENOENT (``close``, ``fsync``): the program
+  hears it, even one that ignored the first failed close. What was written back
+  before (at an earlier ``close`` or ``fsync``) went with the rename. A name
+  created through a directory another client removed
   fails with ENOENT (checked before the create: the server would make the
   directory again). Stopping the mount writes back what open files hold unsent
   (at most ``UNMOUNT_WRITE_BACK`` seconds) before it unmounts.
@@ -217,7 +223,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 
 import trio
 
@@ -274,6 +280,7 @@ MOUNT_CACHE_BYTES = 16 << 20  # the client's cache under a mount (the kernel has
 DIRTY_BOUND = 8 << 20  # bytes written in place that are sent before the close
 CAPACITY_TTL = 1.0  # s: statfs answers with the server's disk figures at most this old
 UNMOUNT_WRITE_BACK = 30.0  # s: how long the way out waits for open files' unsent writes
+_GONE = "{}: deleted or renamed away by another client while open here; writes to it were lost"
 REFUSAL_LOG_INTERVAL = 10.0  # s: at most one warning per rule a refused name broke
 # Making a symlink, a hard link or a special file (mknod, mkfifo): EPERM, as a file
 # system without them answers (vfat), the same for each; not ENOSYS, which reached
@@ -365,6 +372,10 @@ class _OpenFile:
     on_server: int = -1  # ``changes`` when the server last had the spool's contents
     modified_ns: int = 0
     unlinked: bool = False
+    # Its name went on the server while it was open here (another client deleted or
+    # renamed it, or a directory above it) and writes to it were lost: every write-back
+    # fails from then on (see FscacheOperations._lose).
+    gone: bool = False
     flushing: trio.Lock = dataclasses.field(default_factory=trio.Lock)
     failed: int = -1  # ``changes`` when a write-back last failed (its caller was told)
     failure: str = ""  # why
@@ -790,6 +801,8 @@ class FscacheOperations:
             dst = self._child(parent_inode_new, name_new)
             below = src + "/"
             for open_file in list(self._open.values()):  # the data goes before the name
+                if open_file.gone:  # (its name is another file's, if any)
+                    continue
                 if open_file.path == src or open_file.path.startswith(below):
                     await self._write_back(open_file)
             if dst != src:
@@ -948,7 +961,9 @@ class FscacheOperations:
         if open_file.writers > 0:
             return
         try:
-            if open_file.unsent and open_file.failed == open_file.changes:
+            if open_file.gone:
+                pass  # the log said so when it was found gone (_lose)
+            elif open_file.unsent and open_file.failed == open_file.changes:
                 # The write-back failed and the close (or fsync) said so; nothing was
                 # written since. A second try here would tell no one, and would serve
                 # the unsent bytes to this mount's readers while it waits.
@@ -983,7 +998,7 @@ class FscacheOperations:
         it is the contents. Changes the state before it waits for anything."""
         if open_file.writers > 0 or self._open.get(inode) is not open_file:
             return
-        lost = open_file.unsent and not open_file.unlinked
+        lost = (open_file.unsent or open_file.gone) and not open_file.unlinked
         if not open_file.unlinked or open_file.handles == 0:
             open_file.drop_spool()
             open_file.ranges.clear()
@@ -1081,6 +1096,8 @@ class FscacheOperations:
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + UNMOUNT_WRITE_BACK
             for open_file in list(self._open.values()):
+                if open_file.gone:  # (the log has said so)
+                    continue
                 try:
                     await self._write_back(open_file)
                 except FscacheError as exc:
@@ -1093,37 +1110,40 @@ class FscacheOperations:
     async def _write_back(self, open_file: _OpenFile) -> None:
         """Send what was written: the spool as one upload, or the dirty ranges. A
         failure is raised, and remembered (see :meth:`release`)."""
+        if open_file.gone:
+            raise NotFound(_GONE.format(open_file.path))
         if not open_file.unsent:  # nothing new (an empty file made here: `touch`)
             return
         async with open_file.flushing:
+            if open_file.gone:
+                raise NotFound(_GONE.format(open_file.path))
             if open_file.unlinked:  # the spool is its contents until the last close
                 return
             if not open_file.unsent:
                 return
             changes = open_file.changes
             try:
-                sent = await self._send(open_file, changes)
+                await self._send(open_file, changes)
             except Exception as exc:
                 open_file.failed, open_file.failure = changes, str(exc)
                 raise
             inode = self._inode_of.get(open_file.path)
-            if sent and inode is not None:  # its cached mtime is the old version's
+            if inode is not None:  # its cached mtime is the old version's
                 await self._invalidate_attributes(inode)
 
-    async def _send(self, open_file: _OpenFile, changes: int) -> bool:
-        """Send what was written up to write number ``changes``; False if the file
-        is gone."""
+    async def _send(self, open_file: _OpenFile, changes: int) -> None:
+        """Send what was written up to write number ``changes``; NotFound if the file
+        is gone (see :meth:`_lose`)."""
         try:
             await self._client.stat(open_file.path)  # leased, mostly: no round trip
         except NotFound:
-            # Deleted or renamed away by another client since it was opened here:
-            # its unsent bytes go nowhere, as for a file unlinked under an open
-            # descriptor, rather than make the name (and its directories) again.
-            log.info("%s is gone elsewhere: its unsent writes are dropped", open_file.path)
+            # Deleted or renamed away by another client since it was opened here (the
+            # server does not say where to): its unsent bytes cannot follow it, and
+            # writing them under the old name would make the name (and its
+            # directories) again. The caller hears it (see _lose).
             if open_file.spool is not None:
-                open_file.unlinked = True  # its spool serves it until the last close
-            open_file.ranges.clear()
-            return False
+                open_file.unlinked = True  # its spool serves reads until the last close
+            self._lose(open_file)
         if open_file.spool is not None:
             # The spool stays, the file's whole contents, until the last writing
             # handle's release: writes after this flush (through a duplicate
@@ -1137,7 +1157,26 @@ class FscacheOperations:
                 await self._client.write(open_file.path, data, offset=start)
             if open_file.changes == changes:
                 open_file.ranges.clear()
-        return True
+
+    def _lose(self, open_file: _OpenFile) -> NoReturn:
+        """``open_file``'s name went elsewhere while writes to it were unsent: drop
+        them, say so in the log (once), and raise NotFound, so the ``close`` (or
+        ``fsync``, or the write past DIRTY_BOUND) that asked for the write-back fails
+        with ENOENT. It is :attr:`_OpenFile.gone` from then on: every later write-back
+        of it fails the same way, so the last ``close`` fails too, even where a
+        program ignored the first failure (a shell ignores its ``>&N``'s close).
+        The descriptors go on working until the last close (a spool still serves
+        their reads)."""
+        open_file.gone = True
+        open_file.ranges.clear()
+        open_file.on_server = open_file.changes  # nothing is left to send
+        log.warning(
+            "%s was deleted or renamed away by another client (it, or a directory above"
+            " it) while open here: what was written to it since its last write-back is"
+            " lost, and each close of a descriptor that writes it fails (ENOENT)",
+            open_file.path,
+        )
+        raise NotFound(_GONE.format(open_file.path))
 
     async def _invalidate_pages(self, inode: int) -> None:
         """Make the kernel drop ``inode``'s pages and attributes (not its name). Only

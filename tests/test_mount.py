@@ -450,14 +450,15 @@ async def test_handles_closed_at_once_end_the_files_open_state_once():
 
 
 async def test_a_name_removed_elsewhere_is_not_made_again_from_here(mnt, other):
-    """Writes to a file open here that another client deletes go nowhere at the close
-    (as for an unlinked file), and a directory removed elsewhere is not made again by
-    a create through a descriptor of it (a shell's stale working directory)."""
+    """Writes to a file open here that another client deletes go nowhere, and the
+    close says so (ENOENT), and a directory removed elsewhere is not made again by a
+    create through a descriptor of it (a shell's stale working directory)."""
     await other.write("gone", b"abcdefgh")
     fd = await on_mount(os.open, mnt / "gone", os.O_RDWR)
     await on_mount(os.pwrite, fd, b"XY", 4)  # unsent until the close
     await other.delete("gone")
-    await on_mount(os.close, fd)
+    with pytest.raises(FileNotFoundError):
+        await on_mount(os.close, fd)
     with pytest.raises(fscache.NotFound):
         await other.read("gone")
 

@@ -10,6 +10,7 @@ that asserts what a release did not do first waits until the mount has handled i
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 
@@ -179,3 +180,36 @@ async def test_a_full_disk_on_the_server_is_enospc_at_the_close(
         servers.cancel_scope.cancel()
     said = [r.getMessage() for r in caplog.records if "not written" in r.getMessage()]
     assert said and all("disk is full" in line for line in said), said
+
+
+async def test_writes_after_another_client_renames_the_directory_fail_the_close(mnt, other, caplog):
+    """A file open here whose directory another client renames away: what is written
+    after the rename has nowhere to go (the server does not say where the file went),
+    so the close fails (ENOENT) and the log names the file, for a new file (spooled)
+    and for one written in place alike. Every later close of it fails too (a shell
+    ignores the failed close of its ``>&5``'s duplicate). Nothing is written under
+    the old name."""
+    caplog.set_level(logging.WARNING, logger="fscache.mount")
+    await other.write("in/place/app.log", b"line0\n")
+    for name, flags in (("new", os.O_CREAT | os.O_TRUNC), ("place", 0)):
+        directory = mnt / "in" / name
+        await on_mount(functools.partial(os.makedirs, directory, exist_ok=True))
+        path = directory / "app.log"
+        fd = await on_mount(os.open, path, os.O_WRONLY | flags, 0o644)
+        try:
+            await on_mount(os.write, fd, b"line1\n")
+            await on_mount(os.fsync, fd)  # on the server
+            await other.rename(f"in/{name}", f"in/{name}.old")
+            dup = await on_mount(os.dup, fd)
+            await on_mount(os.pwrite, dup, b"line2\n", 6)
+            with pytest.raises(OSError) as lost:
+                await on_mount(os.close, dup)
+            assert lost.value.errno == errno.ENOENT, name
+        finally:
+            with pytest.raises(OSError) as lost:
+                await on_mount(os.close, fd)
+        assert lost.value.errno == errno.ENOENT, name
+        said = [r.getMessage() for r in caplog.records]
+        assert any(f"in/{name}/app.log" in line and "renamed away" in line for line in said)
+        assert await other.read(f"in/{name}.old/app.log") == b"line1\n", name
+        assert f"in/{name}" not in [f"in/{n}" for n in await other.listdir("in")], name
