@@ -195,7 +195,8 @@ Not supported, on purpose
   directory again). Stopping the mount writes back what open files hold unsent
   (at most ``UNMOUNT_WRITE_BACK`` seconds) before it unmounts.
 - INTERRUPT is not implemented: a call blocked on the server waits for it (at
-  most a lease term plus skew for a write held by a silent holder). Inode numbers
+  most a lease term plus skew for a write held by a silent holder, and up to
+  ``OUTAGE_WAIT`` more while the server cannot be reached). Inode numbers
   are stable while the kernel remembers a name, not after it forgets it.
 - A file open here that another client rewrites or replaces is read as the
   server has it from then on (its pages went before the approval): a sequence of
@@ -206,7 +207,29 @@ Not supported, on purpose
 - ``statfs`` (``df``) shows the file system that holds the server's root, from the
   server's ``stats`` (asked at most once a second; while the server is away, the
   figures it last told).
-- While the server is unreachable, calls that need it answer EIO.
+- While the server is unreachable, what needs it waits, up to ``OUTAGE_WAIT`` (below).
+
+While the server is away
+------------------------
+A server restart, or a network outage, should cost a program a pause, not its
+data: every request the mount sends goes through :meth:`FscacheOperations._server`,
+which, while the client has no connection (it says Unavailable after waiting a
+second for one), tries again until the server answers or ``OUTAGE_WAIT`` seconds
+(``mount(outage_wait=...)``) have passed since the first failure; then the call
+fails with EIO. So a ``close`` keeps its spool and uploads it whole once the server
+is back (never a partial file; the empty file its ``create`` made is all the
+server has until then), and a create, ``mkdir`` or lookup waits as a write held in
+the server's restart window does. What the mount answers from what it holds under
+a lease (cached reads, attributes, names) needs no server and does not wait. A
+request that may go twice is sent again even if the connection broke after it went
+out (reads, uploads, ranged writes, truncates, a create without ``O_EXCL``, whose
+second try finds the first one's file); one that must not (``mkdir``, ``rmdir``,
+``unlink``, ``rename``, an exclusive create: a second try after a first that was
+applied fails) waits for a live connection first and is sent once: lost with the
+connection, it fails with EIO, as it may or may not have been applied. The log
+says when the server cannot be reached and when it can again. A process waiting
+there cannot be interrupted (INTERRUPT is not implemented), but can be killed; the
+mount goes on trying what it was sending (a close's upload) all the same.
 """
 
 from __future__ import annotations
@@ -222,8 +245,8 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from typing import BinaryIO, NoReturn
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import BinaryIO, NoReturn, ParamSpec, TypeVar
 
 import trio
 
@@ -254,6 +277,7 @@ from fscache.errors import (
     NotFound,
     TooLarge,
     Unauthorized,
+    Unavailable,
 )
 from fscache.names import dir_key, parent
 from fscache.paths import MAX_PATH_BYTES, MAX_SEGMENT_BYTES, normalize
@@ -261,6 +285,9 @@ from fscache.paths import MAX_PATH_BYTES, MAX_SEGMENT_BYTES, normalize
 __all__ = ["FscacheOperations", "check_mountpoint", "mount"]
 
 log = logging.getLogger("fscache.mount")
+
+T = TypeVar("T")
+P = ParamSpec("P")
 
 # The first class an error is an instance of decides; any other error is EIO.
 _ERRNO: tuple[tuple[type[FscacheError], int], ...] = (
@@ -279,6 +306,10 @@ BLOCK_SIZE = 4096
 MOUNT_CACHE_BYTES = 16 << 20  # the client's cache under a mount (the kernel has the pages)
 DIRTY_BOUND = 8 << 20  # bytes written in place that are sent before the close
 CAPACITY_TTL = 1.0  # s: statfs answers with the server's disk figures at most this old
+# s: how long a request waits for a server it cannot reach (a restart, a network
+# outage) before it fails with EIO, counted from its first failed attempt
+OUTAGE_WAIT = 120.0
+RETRY_PAUSE = 0.2  # s: between attempts (each also waits up to a second for a connection)
 UNMOUNT_WRITE_BACK = 30.0  # s: how long the way out waits for open files' unsent writes
 _GONE = "{}: deleted or renamed away by another client while open here; writes to it were lost"
 REFUSAL_LOG_INTERVAL = 10.0  # s: at most one warning per rule a refused name broke
@@ -424,8 +455,12 @@ class FscacheOperations:
     block_size = BLOCK_SIZE
     name_max = MAX_SEGMENT_BYTES
 
-    def __init__(self, client: Client, session: Session) -> None:
+    def __init__(
+        self, client: Client, session: Session, *, outage_wait: float = OUTAGE_WAIT
+    ) -> None:
         self._client = client
+        self._outage_wait = outage_wait
+        self._outage_since: float | None = None  # when requests began to wait for the server
         self._session = session
         root = ROOT_INODE
         self._path_of: dict[int, str] = {root: ""}
@@ -447,6 +482,80 @@ class FscacheOperations:
         self._capacity_until = -math.inf  # when to ask again
         self._uid = os.getuid()
         self._gid = os.getgid()
+
+    # ------------------------------------------------------------ the server
+    async def _server(
+        self,
+        call: Callable[P, Awaitable[T]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """``call(*args, **kwargs)``, a request to the server that may be sent twice
+        (a read, an upload, a ranged write, a truncate: see "While the server is
+        away" in the theory note). While the server cannot be reached it is sent
+        again, for up to ``outage_wait`` seconds from the first failure; then the
+        last Unavailable is raised (EIO)."""
+        since: float | None = None
+        while True:
+            try:
+                result = await call(*args, **kwargs)
+            except Unavailable:
+                since = self._waiting(since)
+                await trio.sleep(RETRY_PAUSE)
+                continue
+            self._reached()
+            return result
+
+    async def _server_once(
+        self,
+        call: Callable[P, Awaitable[T]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """As :meth:`_server`, for a change that must not be sent twice: a second
+        mkdir, unlink, rename or exclusive create after a first that was applied but
+        whose reply was lost would fail. It goes out only over a live connection,
+        waited for as long as :meth:`_server` waits, and is not sent again: lost with
+        the connection, it fails (EIO), as it may have been applied."""
+        await self._connected()
+        result = await call(*args, **kwargs)
+        self._reached()
+        return result
+
+    def _reached(self) -> None:
+        if self._outage_since is not None:
+            log.warning("%s can be reached again", self._client.address)
+            self._outage_since = None
+
+    async def _connected(self) -> None:
+        """Return once the client has a live connection (asking it for one); raise
+        Unavailable once ``outage_wait`` seconds have passed without."""
+        since: float | None = None
+        while not self._client.connected:
+            since = self._waiting(since)
+            with contextlib.suppress(Unavailable):  # (waits a second for a connection)
+                await self._client.server_stats()
+            if not self._client.connected:
+                await trio.sleep(RETRY_PAUSE)
+
+    def _waiting(self, since: float | None) -> float:
+        """A request found the server unreachable: when it began to wait (now, if it
+        had not), or Unavailable if that was ``outage_wait`` seconds ago."""
+        now = trio.current_time()
+        if since is None:
+            since = now
+            if self._outage_since is None:
+                self._outage_since = now
+                log.warning(
+                    "%s cannot be reached: requests wait up to %g s for it",
+                    self._client.address,
+                    self._outage_wait,
+                )
+        elif now - since >= self._outage_wait:
+            raise Unavailable(
+                f"{self._client.address} could not be reached for {self._outage_wait:g} s"
+            )
+        return since
 
     # ------------------------------------------------------------ inodes and paths
     def _path(self, inode: int) -> str:
@@ -554,11 +663,11 @@ class FscacheOperations:
             return known
         inode = self._inode_of.get(path)
         if inode is not None and inode in self._paged:  # the kernel asks whether its
-            await self._client.read(path, offset=0, length=1)  # pages are current
+            await self._server(self._client.read, path, offset=0, length=1)  # pages current?
             known = self._local(path)
             if known is not None:
                 return known
-        st = await self._client.stat(path)
+        st = await self._server(self._client.stat, path)
         open_file = self._open.get(inode) if inode is not None else None
         if open_file is not None and open_file.ranges:
             return StatResult(
@@ -633,7 +742,7 @@ class FscacheOperations:
 
     async def _scandir(self, directory: str) -> list[Listed]:
         """The client's (leased) listing of ``directory``, and its size noted."""
-        entries = await self._client.scandir(directory)
+        entries = await self._server(self._client.scandir, directory)
         self._listed[directory] = (len(entries), 0)
         return entries
 
@@ -643,7 +752,7 @@ class FscacheOperations:
                 path = self._path(parent_inode)
                 if name == DOT_DOT:
                     path = parent(path)
-                st = await self._client.stat(path)
+                st = await self._server(self._client.stat, path)
                 return self._attributes(self._remember(st.path), st)
             path = self._child(parent_inode, name)
             st = await self._entry(path)
@@ -698,7 +807,7 @@ class FscacheOperations:
                 else:
                     if open_file is not None:
                         await self._write_back(open_file)  # its ranges go first
-                    await self._client.truncate(path, size)
+                    await self._server(self._client.truncate, path, size)
             return await self._current_attributes(inode)
 
     # ------------------------------------------------------------ directories
@@ -776,13 +885,14 @@ class FscacheOperations:
     async def mkdir(self, parent_inode: int, name: bytes, mode: int) -> Entry:
         with _errno_replies():
             path = self._child(parent_inode, name)
-            await self._client.mkdir(path)
-            return self._attributes(self._remember(path), await self._client.stat(path))
+            await self._server_once(self._client.mkdir, path)
+            st = await self._server(self._client.stat, path)
+            return self._attributes(self._remember(path), st)
 
     async def rmdir(self, parent_inode: int, name: bytes) -> None:
         with _errno_replies():
             path = self._child(parent_inode, name)
-            await self._client.rmdir(path)
+            await self._server_once(self._client.rmdir, path)
             self._inode_of.pop(path, None)
             self._listed.pop(path, None)
 
@@ -807,7 +917,7 @@ class FscacheOperations:
                     await self._write_back(open_file)
             if dst != src:
                 await self._keep_open_contents(dst)  # a file it replaces, if open here
-            await self._client.rename(src, dst)
+            await self._server_once(self._client.rename, src, dst)
             self._moved(src, dst)
 
     async def statfs(self) -> Capacity:
@@ -866,8 +976,11 @@ class FscacheOperations:
             path = self._child(parent_inode, name)
             await self._parent_is_a_directory(path)
             made = True
+            # 0: only if absent. Sent again after a lost reply, a Conflict may be our own
+            # first try's: so an exclusive create goes once.
+            send = self._server_once if flags & os.O_EXCL else self._server
             try:
-                await self._client.write(path, b"", if_version=0)  # 0: only if absent
+                await send(self._client.write, path, b"", if_version=0)
             except Conflict:
                 if flags & os.O_EXCL:
                     raise FuseError(errno.EEXIST) from None
@@ -896,7 +1009,7 @@ class FscacheOperations:
                 self._paged[inode] = MIXED  # pages the server does not have yet
                 return os.pread(open_file.spool.fileno(), size, off)
             seen = self._invalidations
-            data = await self._client.read(open_file.path, offset=off, length=size)
+            data = await self._server(self._client.read, open_file.path, offset=off, length=size)
             if open_file.ranges:
                 self._paged[inode] = MIXED
                 return open_file.ranges.overlay(off, data, size)
@@ -1011,7 +1124,7 @@ class FscacheOperations:
         with _errno_replies():
             path = self._child(parent_inode, name)
             open_file = await self._keep_open_contents(path)
-            await self._client.delete(path)
+            await self._server_once(self._client.delete, path)
             self._inode_of.pop(path, None)
             if open_file is not None:  # no close may bring it back
                 open_file.unlinked = True
@@ -1028,7 +1141,7 @@ class FscacheOperations:
             return open_file
         spool = tempfile.TemporaryFile()  # noqa: SIM115  (closed by the last release)
         try:
-            await self._client.read_into(path, spool)
+            await self._server(_read_whole, self._client, path, spool)
             spool.flush()  # from here on it is read and written by descriptor
             for start, data in open_file.ranges.items():
                 os.pwrite(spool.fileno(), data, start)
@@ -1135,7 +1248,7 @@ class FscacheOperations:
         """Send what was written up to write number ``changes``; NotFound if the file
         is gone (see :meth:`_lose`)."""
         try:
-            await self._client.stat(open_file.path)  # leased, mostly: no round trip
+            await self._server(self._client.stat, open_file.path)  # leased, mostly
         except NotFound:
             # Deleted or renamed away by another client since it was opened here (the
             # server does not say where to): its unsent bytes cannot follow it, and
@@ -1148,13 +1261,11 @@ class FscacheOperations:
             # The spool stays, the file's whole contents, until the last writing
             # handle's release: writes after this flush (through a duplicate
             # descriptor) go into it, and up whole again at the next flush.
-            spool = open_file.spool
-            spool.seek(0)
-            await self._client.write(open_file.path, spool)
+            await self._server(_upload, self._client, open_file.path, open_file.spool)
             open_file.on_server = changes  # (written meanwhile: still unsent)
         else:
             for start, data in open_file.ranges.items():
-                await self._client.write(open_file.path, data, offset=start)
+                await self._server(self._client.write, open_file.path, data, offset=start)
             if open_file.changes == changes:
                 open_file.ranges.clear()
 
@@ -1207,6 +1318,19 @@ class FscacheOperations:
         await trio.to_thread.run_sync(forget)
 
 
+async def _upload(client: Client, path: str, spool: BinaryIO) -> None:
+    """``spool`` from its start, uploaded whole to ``path`` (each try from the start)."""
+    spool.seek(0)
+    await client.write(path, spool)
+
+
+async def _read_whole(client: Client, path: str, spool: BinaryIO) -> None:
+    """``path``'s bytes into ``spool``, from its start (each try afresh)."""
+    spool.seek(0)
+    spool.truncate()
+    await client.read_into(path, spool)
+
+
 def _changed(open_file: _OpenFile) -> None:
     open_file.changes += 1
     open_file.modified_ns = time.time_ns()
@@ -1218,12 +1342,15 @@ async def mount(
     *,
     debug: bool = False,
     cache_bytes: int = MOUNT_CACHE_BYTES,
+    outage_wait: float = OUTAGE_WAIT,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Mount the server behind ``client`` on ``mountpoint`` and serve it until
     unmounted (``fusermount3 -u``) or cancelled; always unmounts on the way out.
 
     The client's cache bound is set to ``cache_bytes`` (see the theory note).
+    ``outage_wait``: how many seconds a request waits for a server it cannot reach
+    before it fails with EIO (see "While the server is away").
     ``task_status.started()`` is called once the kernel has been answered INIT,
     so ``await nursery.start(mount, client, path)`` returns when it can be used.
     ``debug`` logs every FUSE request (logger ``fscache.fuse``)."""
@@ -1246,7 +1373,7 @@ async def mount(
             )
         except OSError as exc:
             raise FscacheError(f"cannot mount on {mountpoint}: {exc.strerror or exc}") from None
-        operations = FscacheOperations(client, session)
+        operations = FscacheOperations(client, session, outage_wait=outage_wait)
         stack.callback(client.before_approval.remove, operations.before_approval)
         stack.push_async_callback(operations.write_back_all)  # before the unmount
         client.cache.max_bytes = cache_bytes  # its leases live there: never none

@@ -815,7 +815,7 @@ async def test_without_the_server_reads_fail_with_eio_not_stale_data(mountable, 
         server = await outer.start(run_server)
         async with fscache.open_client("127.0.0.1", server.port) as client:
             await client.write("a", b"a")
-            await outer.start(mount, client, mountpoint)
+            await outer.start(functools.partial(mount, outage_wait=1.0), client, mountpoint)
             assert await on_mount(read_file, mountpoint / "a") == b"a"
             server_scope.cancel()
             # "a" is leased, but looking up the directories on the way needs the server

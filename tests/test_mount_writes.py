@@ -124,7 +124,7 @@ async def test_bytes_a_failed_write_back_could_not_send_leave_the_kernel(
         fscache.open_client("127.0.0.1", server.port) as client,
         trio.open_nursery() as nursery,
     ):
-        await nursery.start(mount, client, mountpoint)
+        await nursery.start(functools.partial(mount, outage_wait=1.0), client, mountpoint)
         for name, flags in (("in place", os.O_RDWR), ("spooled", os.O_RDWR | os.O_TRUNC)):
             await other.write("p.txt", b"ORIGINAL-CONTENT\n")
             assert await on_mount(read_file, path) == b"ORIGINAL-CONTENT\n"  # pages, leased
