@@ -169,6 +169,18 @@ Not supported, on purpose
 - A writable shared ``mmap`` is written back like ``write(2)``: the kernel sends
   the dirty pages on ``msync`` and on close, as ranged writes on the flush that
   follows.
+- An ``mmap`` of a file the client holds no lease on (write-shared: written often
+  elsewhere, so the server leases it for no time) is not kept current: no approval
+  comes when another client writes it, and a mapped page is read by the program
+  without a request to us, so the mapping keeps the bytes it has until the kernel
+  next asks us about the file: a ``read``, ``stat``/``fstat`` or ``open`` of it on
+  this mount (the version it gets is new, so the kernel drops the pages:
+  ``FUSE_AUTO_INVAL_DATA``; an open without ``keep_cache`` drops them too).
+  Direct I/O would not change it: the kernel maps page-cache pages for ``mmap``
+  even then (and refuses a shared mapping unless ``FUSE_DIRECT_IO_ALLOW_MMAP``),
+  and nothing else tells us when the program reads. A leased file's mapping is
+  current at once. A program that maps a shared file ``fstat``s it before it
+  reads the mapping, as on NFS, where a mapping is revalidated only there too.
 - FUSE's no-open mode (ENOSYS from ``open``, so cached opens never reach us)
   is not used: the open is where the kernel is told to keep or drop its pages
   (``keep_cache`` only on a leased version), and without it the kernel keeps them.

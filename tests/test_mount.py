@@ -271,6 +271,49 @@ async def test_mmap_reads_a_leased_file(mnt, other):
     assert await in_child(MAP_AND_READ, mnt / "mapped.bin", 0, 100) == b"changed"
 
 
+MAP_AND_WATCH = """
+import mmap, os, sys
+with open(sys.argv[1], "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+    for line in sys.stdin:  # "read": the mapping's first 10 bytes; "fstat"
+        if line == "fstat\\n":
+            os.fstat(f.fileno())
+        print(m[:10].hex() if line == "read\\n" else "done", flush=True)
+"""
+
+
+async def test_a_mapping_of_a_write_shared_file_is_current_after_an_fstat(mnt, other):
+    """The limit the README states: a file written often elsewhere is leased for no
+    time (write-shared), so no approval drops the kernel's pages when another client
+    writes it, and an ``mmap`` of it keeps the bytes it mapped; an ``fstat`` (like a
+    ``read`` or an ``open``) asks for its attributes, whose new version drops the
+    pages, and the mapping reads the new bytes from then on."""
+    for n in range(5):  # past the server's hot-writes: term 0 from now on
+        await other.write("hot.txt", b"version %d\n" % n)
+    argv = [sys.executable, "-c", MAP_AND_WATCH, str(mnt / "hot.txt")]
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(what: str) -> str:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(what + "\n")
+        child.stdin.flush()
+        return child.stdout.readline().strip()
+
+    async def mapped() -> bytes:
+        return bytes.fromhex(await on_mount(ask, "read"))
+
+    try:
+        assert await mapped() == b"version 4\n"
+        await other.write("hot.txt", b"VERSION 5\n")
+        assert await mapped() == b"version 4\n"  # no lease, no approval: as mapped
+        assert await on_mount(ask, "fstat") == "done"
+        assert await mapped() == b"VERSION 5\n"
+    finally:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.close()
+        assert await on_mount(child.wait) == 0
+        child.stdout.close()
+
+
 async def test_a_shared_writable_mmap_is_written_back_on_msync(mnt, other):
     await other.write("w.bin", b"a" * 8192)
     poke = """
