@@ -1372,6 +1372,7 @@ async def mount(
     check_mountpoint(mountpoint)
     if os.path.ismount(mountpoint):  # (not ours: we have none, so this cannot wait on us)
         raise FscacheError(f"{mountpoint} is already a mount point")
+    _warn_if_not_empty(mountpoint)
     if debug:
         logging.getLogger("fscache.fuse").setLevel(logging.DEBUG)
     # No default_permissions: modes are not stored and only the mounting user can
@@ -1409,6 +1410,19 @@ def check_mountpoint(mountpoint: str) -> None:
         raise FscacheError(f"cannot mount on {mountpoint}: {exc.strerror or exc}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise FscacheError(f"cannot mount on {mountpoint}: it is not a directory")
+
+
+def _warn_if_not_empty(mountpoint: str) -> None:
+    """Mounting on a directory that has files hides them until the unmount (they are
+    not changed): say so, as one warning, rather than refuse (fuse3 mounts on a
+    non-empty directory without its old ``nonempty`` option, as other file systems
+    do) or say nothing (a user would see the files gone)."""
+    with contextlib.suppress(OSError), os.scandir(mountpoint) as entries:
+        if next(entries, None) is not None:
+            log.warning(
+                "%s is not empty: its files are hidden while it is mounted (not changed)",
+                mountpoint,
+            )
 
 
 def _capacity(stats: dict[str, object], block_size: int) -> Capacity:

@@ -870,6 +870,25 @@ async def test_without_the_server_reads_fail_with_eio_not_stale_data(mountable, 
 
 
 # ---------------------------------------------------------------- mounting and unmounting
+async def test_mounting_on_a_directory_with_files_warns_that_they_are_hidden(
+    mountable, server, mountpoint, caplog
+):
+    caplog.set_level(logging.WARNING, logger="fscache.mount")
+    (mountpoint / "mine.txt").write_bytes(b"local")
+    async with (
+        fscache.open_client("127.0.0.1", server.port) as client,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(mount, client, mountpoint)
+        assert await on_mount(os.listdir, mountpoint) == []
+        nursery.cancel_scope.cancel()
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"{mountpoint} is not empty: its files are hidden while it is mounted (not changed)"
+    ]
+    assert (mountpoint / "mine.txt").read_bytes() == b"local"
+
+
 async def test_fusermount_u_ends_the_mount(mountable, server, mountpoint, other, tmp_path):
     second = tmp_path / "second"
     second.mkdir()
