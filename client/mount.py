@@ -78,8 +78,10 @@ and the listings a lookup makes cost at most one ``stat`` per lookup in all. A
 name so found is kept by the kernel only for its file's lease (none for a
 directory), and a name not found not at all, so another client's create is seen
 at the next lookup. ``rename`` passes no flags
-on: ``RENAME_NOREPLACE`` and ``RENAME_EXCHANGE`` get EINVAL, since a check
-before the rename could not make them atomic. Open files below a renamed name
+on: the server's rename has none, and a check before it could not make them
+atomic, so ``RENAME_EXCHANGE`` gets EINVAL, and so does ``RENAME_NOREPLACE``
+where the kernel has not already answered EEXIST (it looks the target up first,
+and refuses an existing one itself). Open files below a renamed name
 are written back first and follow the rename. A write-back, wherever it happens,
 makes the kernel drop only the file's attributes (their mtime is the old
 version's): the kernel may be holding the directory (a rename) or the file (a

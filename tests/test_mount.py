@@ -790,13 +790,29 @@ def renameat2(src: Path, dst: Path, flags: int) -> None:
 
 
 async def test_rename_flags_it_cannot_honour_are_refused(mnt, other):
+    """As the README says: no-replace onto an existing name is the kernel's EEXIST,
+    and EINVAL otherwise (the server cannot make it atomic); exchange is EINVAL."""
     await other.write("a", b"a")
     await other.write("b", b"b")
-    for dst, flags in (("c", RENAME_NOREPLACE), ("b", RENAME_EXCHANGE)):
-        with pytest.raises(OSError) as refused:  # (the kernel says EEXIST for "b" itself)
+    for dst, flags, code in (
+        ("b", RENAME_NOREPLACE, errno.EEXIST),
+        ("c", RENAME_NOREPLACE, errno.EINVAL),
+        ("b", RENAME_EXCHANGE, errno.EINVAL),
+    ):
+        with pytest.raises(OSError) as refused:
             await on_mount(renameat2, mnt / "a", mnt / dst, flags)
-        assert refused.value.errno == errno.EINVAL
+        assert refused.value.errno == code, (dst, flags)
     assert (await other.read("a"), await other.read("b")) == (b"a", b"b")
+    assert sorted(await other.listdir("")) == ["a", "b"]
+
+
+async def test_a_name_made_in_nfd_lists_in_nfc(mnt, other):
+    """As the README says (and why git sees a tracked NFD name as untracked here)."""
+    nfd, nfc = "cafe\u0301.txt", "caf\u00e9.txt"
+    await on_mount(write_file, mnt / nfd, b"accent")
+    assert await on_mount(os.listdir, mnt) == [nfc]
+    assert await on_mount(read_file, mnt / nfd) == await on_mount(read_file, mnt / nfc)
+    assert await other.listdir("") == [nfc]
 
 
 async def test_links_and_special_files_are_not_permitted(mnt, other):
