@@ -42,13 +42,14 @@ class ServerProcess:
     short term keeps the restart window (writes held for a term after a restart)
     short."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *options: str) -> None:
         with socket.socket() as probe:  # a free port, the same for every start
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.command = [
             *(sys.executable, "-m", "fscache", "serve"),
-            *("--root", str(root), "--port", str(self.port), "--term", "1"),
+            *("--root", str(root), "--port", str(self.port)),
+            *(options or ("--term", "1")),
         ]
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -187,3 +188,27 @@ async def test_a_close_fails_once_the_server_stays_away_longer_than_the_mount_wa
         assert any("lost.bin was not written" in line for line in said), said
         await server.start()
     assert await stored(server, "lost.bin") == b""
+
+
+async def test_a_leased_listing_is_served_while_the_server_is_away(mountable, root, mountpoint):
+    """What the mount holds under a lease needs no server: a directory whose listing
+    is leased lists, and a leased file reads, after the server is killed; a directory
+    never listed cannot be, and fails (EIO) once the mount has waited for the server.
+    (A directory written often is leased for no time: it needs the server too.)"""
+    server = ServerProcess(root, "--term", "30", "--hot-writes", "0")
+    await server.start()
+    try:
+        async with fscache.open_client("127.0.0.1", server.port) as other:
+            for path in ("d/a", "d/b", "e/c"):
+                await other.write(path, path.encode())
+        async with mounted(server, mountpoint, outage_wait=1.0):
+            assert sorted(await on_mount(os.listdir, mountpoint / "d")) == ["a", "b"]
+            assert await on_mount(read_file, mountpoint / "d" / "a") == b"d/a"
+            server.kill()
+            assert sorted(await on_mount(os.listdir, mountpoint / "d")) == ["a", "b"]
+            assert await on_mount(read_file, mountpoint / "d" / "a") == b"d/a"
+            with pytest.raises(OSError) as away:
+                await on_mount(os.listdir, mountpoint / "e")
+            assert away.value.errno == errno.EIO
+    finally:
+        server.stop()
