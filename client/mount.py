@@ -226,7 +226,8 @@ Not supported, on purpose
 While the server is away
 ------------------------
 A server restart, or a network outage, should cost a program a pause, not its
-data: every request the mount sends goes through :meth:`FscacheOperations._server`,
+data: every request the mount sends (but ``statfs``'s, answered with the figures
+last told) goes through :meth:`FscacheOperations._server` or ``_server_once``,
 which, while the client has no connection (it says Unavailable after waiting a
 second for one), tries again until the server answers or ``OUTAGE_WAIT`` seconds
 (``mount(outage_wait=...)``) have passed since the first failure; then the call
