@@ -93,7 +93,7 @@ _LEFT_OUT_AT_DEFAULT = {"wire": "left out at default"}
 Fence = tuple[str, int]
 
 
-def _optional() -> Any:
+def _optional_field() -> Any:
     """An optional field: None, and then not in the frame."""
     return dataclasses.field(default=None, metadata=_LEFT_OUT_AT_DEFAULT)
 
@@ -133,7 +133,7 @@ class Write(Message):
     path: str
     data: bytes
     if_version: int | None = None
-    fence: tuple[str, int] | None = _optional()
+    fence: tuple[str, int] | None = _optional_field()
     ephemeral: bool = dataclasses.field(default=False, metadata=_LEFT_OUT_AT_DEFAULT)
 
 
@@ -143,7 +143,7 @@ class Delete(Message):
     id: int
     path: str
     if_version: int | None = None
-    fence: tuple[str, int] | None = _optional()
+    fence: tuple[str, int] | None = _optional_field()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -161,7 +161,7 @@ class ListDir(Message):
     TYPE: ClassVar[str] = "listdir"
     id: int
     path: str
-    after: str | None = _optional()
+    after: str | None = _optional_field()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -363,7 +363,7 @@ class UploadCommit(Message):
     id: int
     upload: int
     if_version: int | None = None
-    fence: tuple[str, int] | None = _optional()
+    fence: tuple[str, int] | None = _optional_field()
     ephemeral: bool = dataclasses.field(default=False, metadata=_LEFT_OUT_AT_DEFAULT)
 
 
@@ -387,7 +387,7 @@ class WriteRange(Message):
     offset: int
     data: bytes
     if_version: int | None = None
-    fence: tuple[str, int] | None = _optional()
+    fence: tuple[str, int] | None = _optional_field()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -399,7 +399,7 @@ class Truncate(Message):
     path: str
     size: int
     if_version: int | None = None
-    fence: tuple[str, int] | None = _optional()
+    fence: tuple[str, int] | None = _optional_field()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -411,7 +411,7 @@ class Rename(Message):
     id: int
     src: str
     dst: str
-    fence: tuple[str, int] | None = _optional()
+    fence: tuple[str, int] | None = _optional_field()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -419,7 +419,7 @@ class MkDir(Message):
     TYPE: ClassVar[str] = "mkdir"
     id: int
     path: str
-    fence: tuple[str, int] | None = _optional()
+    fence: tuple[str, int] | None = _optional_field()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -427,7 +427,7 @@ class RmDir(Message):
     TYPE: ClassVar[str] = "rmdir"
     id: int
     path: str
-    fence: tuple[str, int] | None = _optional()
+    fence: tuple[str, int] | None = _optional_field()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -439,7 +439,7 @@ class ScanDir(Message):
     id: int
     path: str
     have: int | None = None
-    after: str | None = _optional()
+    after: str | None = _optional_field()
 
 
 # ------------------------------------------------ server to client: names, directories, ranges
