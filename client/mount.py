@@ -296,6 +296,7 @@ from fscache.errors import (
 )
 from fscache.names import dir_key, parent
 from fscache.paths import MAX_PATH_BYTES, MAX_SEGMENT_BYTES, normalize
+from fscache.settings import OUTAGE_WAIT
 
 __all__ = ["FscacheOperations", "check_mountpoint", "mount"]
 
@@ -323,7 +324,6 @@ DIRTY_BOUND = 8 << 20  # bytes written in place that are sent before the close
 CAPACITY_TTL = 1.0  # s: statfs answers with the server's disk figures at most this old
 # s: how long a request waits for a server it cannot reach (a restart, a network
 # outage) before it fails with EIO, counted from its first failed attempt
-OUTAGE_WAIT = 120.0
 RETRY_PAUSE = 0.2  # s: between attempts (each also waits up to a second for a connection)
 UNMOUNT_WRITE_BACK = 30.0  # s: how long the way out waits for open files' unsent writes
 _GONE = "{}: deleted or renamed away by another client while open here; writes to it were lost"

@@ -41,6 +41,7 @@ from fscache.settings import (
     MAX_PENDING_WRITE_BYTES,
     MAX_PENDING_WRITE_BYTES_TOTAL,
     MAX_TERM,
+    OUTAGE_WAIT,
     SEND_TIMEOUT,
     BadSetting,
     check_duration,
@@ -320,8 +321,17 @@ def build_parser() -> argparse.ArgumentParser:
     client_command("rmdir", "remove an empty directory").add_argument("path", metavar="DIR")
     client_command("stats", "print the server's counters as JSON")
     mount = client_command("mount", "mount the tree on a local directory (FUSE)")
-    mount.add_argument("mountpoint", metavar="MOUNTPOINT")
+    mount.add_argument(
+        "mountpoint", metavar="MOUNTPOINT",
+        help="a local directory to mount on; files already in it are hidden (not changed)"
+        " until the unmount",
+    )  # fmt: skip
     mount.add_argument("--debug", action="store_true", help="log every FUSE request")
+    mount.add_argument(
+        "--outage-wait", metavar="SECONDS", type=_seconds, default=OUTAGE_WAIT,
+        help="how long a request waits for an unreachable server before it fails with EIO"
+        f" (default {OUTAGE_WAIT:g})",
+    )  # fmt: skip
 
     certs = sub.add_parser("certs", help="make CA, server and client certificates")
     certs.add_argument("directory", metavar="DIR")
@@ -916,7 +926,10 @@ def _mount(args: argparse.Namespace) -> int:
             async with trio.open_nursery() as nursery:
 
                 async def until_unmounted(task_status: trio.TaskStatus[None]) -> None:
-                    await mount(client, mountpoint, debug=args.debug, task_status=task_status)
+                    await mount(
+                        client, mountpoint, debug=args.debug, outage_wait=args.outage_wait,
+                        task_status=task_status,
+                    )  # fmt: skip
                     print("unmounted", flush=True)
                     nursery.cancel_scope.cancel()
 

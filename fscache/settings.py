@@ -43,6 +43,7 @@ DEFAULT_LOCK_TTL = 10.0  # seconds: a lock's ttl when none is given (the lease t
 MAX_LOCK_TTL = 300.0  # seconds: a lock's longest ttl, and so a restarted server's longest hold
 MAX_TERM = 86400.0  # seconds: the longest lease term (and skew) a server takes; a day
 MAX_IDENTITY = 256  # characters of a lock holder's identity (as of a client_id)
+OUTAGE_WAIT = 120.0  # seconds a mount's request waits for an unreachable server, then EIO
 
 
 class BadSetting(FscacheError, ValueError):

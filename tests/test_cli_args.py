@@ -97,3 +97,12 @@ def test_subcommands_of_subcommands_and_the_benchmark_parse_as_before():
     assert (args.command, args.demo, args.clients) == ("demo", "crash", 3)
     args, rest = cli.build_parser().parse_known_args(["bench", "--quick", "--out", "o"])
     assert (args.command, rest) == ("bench", ["--quick", "--out", "o"])
+
+
+def test_mount_takes_how_long_its_requests_wait_out_an_outage(capsys):
+    assert parsed("mount", ADDRESS, "/mnt/x").outage_wait == 120.0
+    assert parsed("mount", ADDRESS, "/mnt/x", "--outage-wait", "1.5").outage_wait == 1.5
+    with pytest.raises(SystemExit) as refused:
+        parsed("mount", ADDRESS, "/mnt/x", "--outage-wait", "-1")
+    assert refused.value.code == 2
+    assert "--outage-wait" in capsys.readouterr().err
