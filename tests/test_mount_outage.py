@@ -87,13 +87,16 @@ async def server(root) -> AsyncIterator[ServerProcess]:
 
 
 @contextlib.asynccontextmanager
-async def mounted(server: ServerProcess, mountpoint: Path, **options) -> AsyncIterator[None]:
+async def mounted(
+    server: ServerProcess, mountpoint: Path, **options
+) -> AsyncIterator[fscache.Client]:
+    """The server mounted on ``mountpoint``; yields the mount's client."""
     async with (
         fscache.open_client("127.0.0.1", server.port) as client,
         trio.open_nursery() as nursery,
     ):
         await nursery.start(functools.partial(mount, **options), client, mountpoint)
-        yield
+        yield client
         nursery.cancel_scope.cancel()
 
 
@@ -144,10 +147,15 @@ async def test_a_create_and_a_mkdir_during_a_restart_wait_for_the_server(
     mountable, server, mountpoint
 ):
     """The calls that make a name wait out a server restart as a close does, rather
-    than fail with EIO after a second."""
-    async with mounted(server, mountpoint):
+    than fail with EIO after a second. They are made once the mount's client has
+    seen its connection go: one sent in the instant before that goes out on the
+    dead connection, and fails (EIO), as it may have been applied."""
+    async with mounted(server, mountpoint) as client:
         await on_mount(os.listdir, mountpoint)
         server.kill()
+        with trio.fail_after(30):
+            while client.connected:
+                await trio.sleep(0.01)
         done: list[str] = []
 
         async def make() -> None:
