@@ -9,7 +9,6 @@ that exit or are interrupted are real subprocesses; the fork is a real fork.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import multiprocessing
 import pathlib
@@ -25,43 +24,19 @@ import pytest
 import trio
 
 import fscache
-from fscache.cli import parse_serving_line
 from fscache.client.blocking import FORKED, BlockingClient
 
+from .test_metrics import serve_process
+
 TERM = 30.0
-
-
-@contextlib.contextmanager
-def served(root: pathlib.Path, *options: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """A real ``fscache serve`` of ``root`` on a free port: the process and its
-    HOST:PORT. Stopped (SIGTERM, or SIGKILL if it is past that) on the way out."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "fscache", "serve", "--root", str(root), "--port", "0",
-         *options],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    try:
-        assert process.stdout is not None
-        address = parse_serving_line(process.stdout.readline())
-        assert address is not None
-        yield process, f"{address[0]}:{address[1]}"
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=30)
-        if process.stdout is not None:
-            process.stdout.close()
 
 
 @pytest.fixture(scope="module")
 def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("root")
-    with served(root, "--term", str(TERM), "--hot-writes", "0") as (_, address):
-        yield address
+    args = ("--root", str(root), "--port", "0", "--term", str(TERM), "--hot-writes", "0")
+    with serve_process(*args) as server:
+        yield server.address
 
 
 def live_leases(address: str) -> int:
@@ -155,10 +130,13 @@ def test_the_connection_and_lease_state_is_read_on_the_callers_thread(address: s
 
 
 def test_a_blocking_client_says_when_its_server_has_gone(tmp_path: pathlib.Path) -> None:
-    with served(tmp_path) as (process, address), fscache.connect(address) as client:
+    with (
+        serve_process("--root", str(tmp_path), "--port", "0") as server,
+        fscache.connect(server.address) as client,
+    ):
         assert client.connected
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
+        server.process.send_signal(signal.SIGTERM)
+        server.process.wait(timeout=30)
         wait_until(lambda: not client.connected, "still connected to a stopped server")
 
 
