@@ -92,7 +92,7 @@ from fscache.errors import (
     error_for_code,
 )
 from fscache.names import dir_key, parent
-from fscache.net import SocketWire, Wire, shown_address, wire_for
+from fscache.net import SocketWire, Wire, is_ipv6, shown_address, wire_for
 from fscache.paths import normalize_argument as normalize
 from fscache.settings import (
     CHUNK_SIZE,
@@ -2031,13 +2031,13 @@ def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, 
     port_text: str | None = None
     if text.startswith("["):
         host, bracket, rest = text[1:].partition("]")
-        if not bracket or not _is_ipv6(host):
+        if not bracket or not is_ipv6(host):
             raise _bad_address(address, "brackets hold an IPv6 address")
         if rest:
             if not rest.startswith(":"):
                 raise _bad_address(address, f"{rest!r} after the brackets")
             port_text = rest[1:]
-    elif _is_ipv6(text):
+    elif is_ipv6(text):
         return text, default_port
     elif text.count(":") > 1:
         raise _bad_address(address, "more than one ':' (an IPv6 address goes in brackets)")
@@ -2050,19 +2050,12 @@ def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, 
         raise _bad_address(address, "no port after ':'")
     if port_text is not None and (not port_text.isdigit() or not 0 < int(port_text) < 65536):
         raise _bad_address(address, "port must be 1..65535")
-    if not _is_ipv6(host):
+    if not is_ipv6(host):
         try:
             host.encode("idna")
         except UnicodeError:
             raise _bad_address(address, f"{host!r} is not a valid host name") from None
     return host, default_port if port_text is None else int(port_text)
-
-
-def _is_ipv6(text: str) -> bool:
-    try:
-        return ipaddress.ip_address(text).version == 6
-    except ValueError:
-        return False
 
 
 def _bad_address(address: str, why: str) -> BadSetting:

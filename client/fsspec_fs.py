@@ -165,7 +165,7 @@ from fscache.cache import DirEntry
 from fscache.client.blocking import BlockingClient, connect
 from fscache.client.client import DEFAULT_PORT, READ_ATTEMPTS, Source, parse_address
 from fscache.errors import FscacheError
-from fscache.net import shown_address
+from fscache.net import is_ipv6, shown_address
 from fscache.paths import MAX_SEGMENT_BYTES
 from fscache.settings import CHUNK_SIZE, DEFAULT_HOST, BadSetting
 
@@ -904,7 +904,7 @@ def _check_host(host: object) -> str:
     else :class:`~fscache.BadSetting`."""
     if not isinstance(host, str):
         raise BadSetting(f"host must be a host name or an address (a str), not {host!r}")
-    bare = host[1:-1] if host[:1] == "[" and host[-1:] == "]" and _is_ipv6(host[1:-1]) else host
+    bare = host[1:-1] if host[:1] == "[" and host[-1:] == "]" and is_ipv6(host[1:-1]) else host
     try:
         bare, _ = _parse_server(shown_address(bare, DEFAULT_PORT))
     except BadSetting:
@@ -913,13 +913,6 @@ def _check_host(host: object) -> str:
             f" not {host!r}"
         ) from None
     return bare
-
-
-def _is_ipv6(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).version == 6
-    except ValueError:
-        return False
 
 
 def _check_port(port: object) -> int:
@@ -956,7 +949,7 @@ def _parse_server(address: str) -> tuple[str, int]:
     """``parse_address``, an IPv6 host in one spelling (``::1`` for
     ``0:0:0:0:0:0:0:1``), so that the spellings of a server compare equal."""
     host, port = parse_address(address)
-    return (str(ipaddress.ip_address(host)) if _is_ipv6(host) else host), port
+    return (str(ipaddress.ip_address(host)) if is_ipv6(host) else host), port
 
 
 def _url_host(host: str) -> str:
@@ -964,7 +957,7 @@ def _url_host(host: str) -> str:
     written out (``0:0:0:0:0:0:0:1`` for ``::1``), as fsspec cuts URLs at ``::``
     (it chains file systems with it), and ``fsspec.open`` would then get the URL
     ``fscache://[`` (:func:`_parse_server` reads it back as the same server)."""
-    if not _is_ipv6(host):
+    if not is_ipv6(host):
         return host
     address = ipaddress.IPv6Address(host)
     packed = address.packed

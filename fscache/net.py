@@ -21,6 +21,7 @@ thousand idle connections cost one 64 KiB buffer, not ten thousand.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import select
 from typing import Protocol
@@ -130,6 +131,14 @@ class SocketWire:
         if not self.closed:
             self.closed = True
             await trio.aclose_forcefully(self.stream)
+
+
+def is_ipv6(text: str) -> bool:
+    """Whether ``text`` is an IPv6 address (without brackets)."""
+    try:
+        return ipaddress.ip_address(text).version == 6
+    except ValueError:
+        return False
 
 
 def shown_address(host: str, port: int) -> str:
