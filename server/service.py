@@ -1397,9 +1397,8 @@ class FileService:
         ties: TieChange | DeleteTied | None = None,
     ) -> OpId:
         """Queue ``message`` in the lease table as a new op, returned; ``apply`` runs once
-        the table allows it,
-        with its effect ``ties`` on the ephemeral files' ties. Its data counts against
-        the session's max_pending_write_bytes, and all sessions'
+        the table allows it, with its effect ``ties`` on the ephemeral files' ties. Its
+        data counts against the session's max_pending_write_bytes, and all sessions'
         max_pending_write_bytes_total, until answered."""
         nbytes = len(message.data) if isinstance(message, p.Write | p.WriteRange) else 0
         if nbytes:
