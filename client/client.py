@@ -74,7 +74,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from functools import partial
 from types import TracebackType
-from typing import IO, Any, TypeVar
+from typing import IO, Any, NoReturn, TypeVar
 
 import trio
 
@@ -205,31 +205,31 @@ class _Request:
     Most requests are waited for by their own sender reading the connection
     (:class:`_ReadTurn`), which looks at ``done``; only a task that waits while
     another reads (:meth:`wait`) needs an event, so one is made for it alone: a
-    miss makes none."""
+    miss makes none.
 
-    __slots__ = (
-        "_finished", "data", "done", "earlier", "earlier_version", "entries", "error",
-        "have", "id", "message", "page", "path", "reply", "scan", "sent_at", "size",
-    )  # fmt: skip
+    The fields start as the class's values below, and a request sets only those it
+    uses: a miss sets three of them (no ``__slots__``, whose fields would all have to
+    be set in ``__init__``, a sixth of a miss's own work on the client)."""
+
+    message: p.Message | None = None  # built with its id as it is sent (not reads)
+    id = 0
+    sent_at = 0.0
+    have: int | None = None  # a revalidating read: the version it names ...
+    data = b""  # ... and the cached data of that version
+    entries: tuple[DirEntry, ...] = ()  # (a revalidating scandir: the listing)
+    # A later page of a listing: the entries of the pages before it, and their version.
+    earlier: Sequence[DirEntry] = ()
+    earlier_version: int | None = None
+    page: tuple[DirEntry, ...] = ()  # an Entries reply's rows, made by the reader
+    size = 0  # (a revalidating chunk read: the file's size at that version)
+    reply: p.Message | None = None
+    error: BaseException | None = None
+    done = False
+    _finished: trio.Event | None = None  # made by the first wait()
 
     def __init__(self, path: str = "", *, scan: bool = False) -> None:
         self.path = path
         self.scan = scan  # a chunk read by a streaming copy (see the cache's Scans)
-        self.message: p.Message | None = None  # built with its id as it is sent (not reads)
-        self.id = 0
-        self.sent_at = 0.0
-        self.have: int | None = None  # a revalidating read: the version it names ...
-        self.data = b""  # ... and the cached data of that version
-        self.entries: tuple[DirEntry, ...] = ()  # (a revalidating scandir: the listing)
-        # A later page of a listing: the entries of the pages before it, and their version.
-        self.earlier: Sequence[DirEntry] = ()
-        self.earlier_version: int | None = None
-        self.page: tuple[DirEntry, ...] = ()  # an Entries reply's rows, made by the reader
-        self.size = 0  # (a revalidating chunk read: the file's size at that version)
-        self.reply: p.Message | None = None
-        self.error: BaseException | None = None
-        self.done = False
-        self._finished: trio.Event | None = None  # made by the first wait()
 
     def finish(self) -> None:
         """The reply (or error) is in: wake whoever waits."""
@@ -286,24 +286,29 @@ class _TransportErrors:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if isinstance(exc, TRANSPORT_ERRORS):
-            client = self.client
-            if is_auth_failure(exc):
-                raise CredentialsRefused(_refusal(client.address, exc)) from exc
-            if self.tls_handshake:
-                raise CredentialsRefused(
-                    f"{client.address} closed the TLS connection during the handshake; "
-                    "it probably refused our client certificate"
-                ) from exc
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            reason = reason or "connection broken"
-            if self.starting and ssl_error_in(exc) is not None:
-                reason = (
-                    f"TLS handshake failed ({_ssl_reason(exc)});"
-                    " the server may not speak TLS (is it serving without --tls?)"
-                )
-            elif self.plain_hint is not None:
-                reason = f"{reason}; {self.plain_hint}"
-            raise client._unavailable(f"{self.doing}: {reason}") from exc
+            self.raise_for(exc)
+
+    def raise_for(self, exc: BaseException) -> NoReturn:
+        """Raise fscache's error for ``exc``, a transport error (one of TRANSPORT_ERRORS):
+        what the ``with`` does, for a ``try`` on a hot path (a ``with`` costs two calls)."""
+        client = self.client
+        if is_auth_failure(exc):
+            raise CredentialsRefused(_refusal(client.address, exc)) from exc
+        if self.tls_handshake:
+            raise CredentialsRefused(
+                f"{client.address} closed the TLS connection during the handshake; "
+                "it probably refused our client certificate"
+            ) from exc
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        reason = reason or "connection broken"
+        if self.starting and ssl_error_in(exc) is not None:
+            reason = (
+                f"TLS handshake failed ({_ssl_reason(exc)});"
+                " the server may not speak TLS (is it serving without --tls?)"
+            )
+        elif self.plain_hint is not None:
+            reason = f"{reason}; {self.plain_hint}"
+        raise client._unavailable(f"{self.doing}: {reason}") from exc
 
 
 class _Link:
@@ -351,8 +356,10 @@ class _Link:
         send is under way and the kernel takes the frame whole, it is written here,
         with no further coroutine (a write's thousands of approvals each pass here)."""
         if not self._sending and self._send_now is not None:
-            with self.errors:
+            try:
                 sent = self._send_now(frame)
+            except TRANSPORT_ERRORS as exc:
+                self.errors.raise_for(exc)
             if sent == len(frame):
                 return
             frame = frame[sent:]  # the rest waits for room below, still first in line
@@ -1107,7 +1114,7 @@ class Client:
                     self._counters.reads_shared += 1
                     return self._read_result(shared)
                 return await self._read_whole(path, join=False)  # a request of our own
-        entry = self._cache.get(path)
+        entry = self._cache.entries.get(path)
         request = _Request(path)
         if entry is not None:  # revalidate it: an unchanged file costs no data
             request.have = entry.version
@@ -1118,7 +1125,8 @@ class Client:
             if link is None or link.broken or self._closing:
                 link = await self._current_link()
             have = request.have
-            await self._send_request(link, request, lambda i: p.read_frame(i, path, have))
+            await self._start(link, request, lambda i: p.read_frame(i, path, have))
+            await self._finish(link, request)
         except BaseException as exc:
             if not request.done:
                 request.error = exc
@@ -1499,7 +1507,7 @@ class Client:
                 request.reply = message
                 self._apply_reply(request, message)
             request.finish()
-        if not link.waiting:
+        if not link.waiting and self._relinquished:
             self._relinquished.clear()  # every later request is newer than these
 
     def _apply_reply(self, request: _Request, reply: p.Message) -> None:

@@ -212,8 +212,11 @@ class LeaseCache:
             self.drop(path)  # term too short to trust (or data too big): do not cache
             return [path] if old is not None else []
         self.entries[path] = Entry(data, version, expiry)  # replaces a whole entry
-        self.entries.move_to_end(path)
-        self.nbytes += len(data) - (len(old.data) if old is not None else 0)
+        if old is None:  # (a new key is stored last already)
+            self.nbytes += len(data)
+        else:
+            self.entries.move_to_end(path)
+            self.nbytes += len(data) - len(old.data)
         return self._evict(keep=path) if self.nbytes > self.max_bytes else []
 
     def extend(self, path: str, version: int, term: float, sent_at: float) -> bool:
