@@ -324,6 +324,10 @@ _FLOOR_KEEP_NS = 3600 * 10**9
 _FLOOR_PRUNE_MIN = 10_000
 _MAX_STAMP_TRIES = 80
 _READ_TRIES = 8  # opens of a path whose inode keeps being replaced mid-read
+# A read's openat2 refused with these may be refused for O_NOATIME (EPERM: it needs
+# the file's owner) or for want of openat2 (ENOSYS, or EPERM under a seccomp filter):
+# the read asks again the slower way, which tells them apart.
+_OPEN_AGAIN = (errno.EPERM, errno.ENOSYS)
 
 _CACHE_ENTRY_MAX = 1 << 20
 """Files larger than this are never held in the content cache."""
@@ -1387,9 +1391,14 @@ class Store:
             _check_path(path, "read")
         if self._openat2 is not None:
             try:
+                return self._openat2(path, self._read_flags)  # the hot path: one call
+            except OSError as exc:
+                if exc.errno not in _OPEN_AGAIN:
+                    raise _translate(exc, "read", path) from None
+            try:  # see _OPEN_AGAIN
                 return self._open_without_atime(self._openat2, path)
             except OSError as exc:
-                if exc.errno not in (errno.ENOSYS, errno.EPERM):
+                if exc.errno not in _OPEN_AGAIN:
                     raise _translate(exc, "read", path) from None
                 self._openat2 = None  # not here: never again
         with self._in_parent(path, "read") as (dir_fd, name):
