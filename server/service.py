@@ -405,7 +405,7 @@ class Outbox:
     def _take(self) -> bytes:
         """Everything queued, as one buffer (one send for many replies)."""
         frames = self._frames
-        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        data = b"".join(frames)  # one frame: that very object, not a copy
         frames.clear()
         self.nbytes = 0
         return data
@@ -1144,7 +1144,8 @@ class FileService:
         frame_timeout = self.settings.frame_timeout
         while not connection.goodbye:
             if not buffered_first:
-                if decoder.buffered:  # a frame has begun: it must arrive whole in time
+                begun = decoder.buffered  # receiving does not change it
+                if begun:  # a frame has begun: it must arrive whole in time
                     with trio.move_on_at(frame_began + frame_timeout) as late:
                         data = await wire.receive()
                     if late.cancelled_caught:
@@ -1158,7 +1159,7 @@ class FileService:
                 if not data:
                     return
                 received_at = connection.heard_at = self._now()
-                if not decoder.buffered:
+                if not begun:
                     frame_began = received_at
                 decoder.feed(data)
             connection.received_at = received_at
