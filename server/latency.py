@@ -4,8 +4,8 @@ them. :meth:`Histogram.observe` is a bisection and two additions."""
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
+from bisect import bisect_left
 
 # Upper bounds of the latency buckets, seconds: a request handled at once takes well
 # under a millisecond; a write may wait out a lease (term + skew, 10.1 s by default)
@@ -27,7 +27,7 @@ class Histogram:
         self.sum = 0.0
 
     def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(BUCKETS, seconds)] += 1
+        self.counts[bisect_left(BUCKETS, seconds)] += 1
         self.sum += seconds
 
     def snapshot(self) -> tuple[list[int], float]:
