@@ -27,7 +27,7 @@ from fscache.server.service import FileService
 
 from .fuzz.targets import CORPUS, GOOD, KNOWN_BUGS, TARGETS, GoodDoes, PeerDoes, Send, Sleep, play
 
-SHORT_RUNS = {"codec": 5000, "schema": 1000, "service": 100}  # a few seconds each
+SHORT_RUNS = {"codec": 5000, "schema": 300, "service": 100}  # a few seconds each
 
 
 def corpus_files() -> list[object]:
