@@ -1114,7 +1114,7 @@ class Client:
                     self._counters.reads_shared += 1
                     return self._read_result(shared)
                 return await self._read_whole(path, join=False)  # a request of our own
-        entry = self._cache.entries.get(path)
+        entry = self._cache.get(path)
         request = _Request(path)
         if entry is not None:  # revalidate it: an unchanged file costs no data
             request.have = entry.version
