@@ -4,11 +4,16 @@ setuptools' ``package-dir`` maps ``server/`` to ``fscache.server`` and ``client/
 to ``fscache.client``; a subpackage missing from the list would import fine from
 an editable checkout and be absent from a real install. So: build a wheel, unpack
 it into an empty directory, and import every module from there alone.
+
+The wheel is built from a copy of the checkout: setuptools builds in the source tree
+(``build/``, ``*.egg-info``), and under pytest-xdist each worker that runs a test here
+builds its own wheel, perhaps at the same moment as another.
 """
 
 from __future__ import annotations
 
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,6 +23,9 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = {"fscache": "fscache", "fscache.server": "server", "fscache.client": "client",
             "fscache.bench": "bench"}  # fmt: skip
+# Not copied for the build: what builds, installs and tools leave in a checkout.
+BUILD_LEFTOVERS = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache",
+                   ".hypothesis")  # fmt: skip
 
 
 def expected_modules() -> list[str]:
@@ -33,10 +41,12 @@ def expected_modules() -> list[str]:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> pathlib.Path:
+    source = tmp_path_factory.mktemp("source") / "fscache"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(*BUILD_LEFTOVERS))
     out = tmp_path_factory.mktemp("wheel")
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "-w", str(out), str(REPO)],
+         "-w", str(out), str(source)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     if build.returncode != 0:
