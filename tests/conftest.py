@@ -13,6 +13,9 @@
   safety rules), never an upper bound a busy machine could exceed.
 * Crash, kill and restart tests use real processes killed with SIGKILL.
 * No test asserts a wall-clock speed figure: speed lives in ``bench/``.
+* Tests run side by side, on one pytest-xdist worker a core, so a test owns nothing
+  beyond its ``tmp_path`` (or a temp dir of its own) and its port-0 listeners: no
+  fixed path, port or name, and nothing written into the checkout.
 """
 
 from __future__ import annotations
