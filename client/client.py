@@ -111,6 +111,15 @@ from fscache.tls import CredentialsRefused, is_auth_failure, ssl_error_in
 
 log = logging.getLogger("fscache.client")
 
+# The client's own tasks (the connection's, the lock renewals, the approval hooks) are
+# protected from KeyboardInterrupt. Trio raises a Ctrl-C in whatever unprotected code
+# runs when it comes; inside one of these tasks it would end the connection (the
+# caller's read would fail with Unavailable and the interrupt would be lost with the
+# task) or cut a wait off half made. Protected, it reaches the caller's task instead,
+# at once if that task is waiting, else at its next checkpoint: the caller sees
+# KeyboardInterrupt, and the client closes as for any error in the body.
+_background = trio.lowlevel.enable_ki_protection
+
 Opener = Callable[[], Awaitable[trio.abc.Stream]]
 M = TypeVar("M", bound=p.Message)
 
@@ -1485,6 +1494,7 @@ class Client:
             return
         await link.send_frame(p.approve_frame(message.path, message.write))  # ... then approve
 
+    @_background
     async def _approve_after_hooks(self, link: _Link, message: p.ApprovalRequest) -> None:
         for hook in self.before_approval:  # e.g. the mount's kernel cache
             try:
@@ -1646,6 +1656,7 @@ class Client:
         session, secret = self._session or (None, None)
         return p.Hello(p.PROTOCOL_VERSION, self.client_id, session=session, secret=secret)
 
+    @_background
     async def _run(self, first: tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder]) -> None:
         """Keep a connection up until closed: serve it, reconnect with backoff."""
         connection: tuple[trio.abc.Stream, p.Welcome, p.FrameDecoder] | None = first
@@ -1702,6 +1713,7 @@ class Client:
                 self._link_lost(link)
                 await wire.aclose()
 
+    @_background
     async def _watchdog(self, link: _Link) -> None:
         """Ping while requests wait in silence; give the link up after DEAD_AFTER.
         While none waits it sleeps without a timer until one is sent."""
@@ -1721,6 +1733,7 @@ class Client:
                 self._next_id += 1
                 await link.send(p.Ping(id=self._next_id))
 
+    @_background
     async def _relinquisher(self, link: _Link) -> None:
         """Give back the leases of evicted entries, in batches."""
         while True:
@@ -1737,6 +1750,7 @@ class Client:
                     self._next_id += 1
                     await link.send(self._relinquish_message(self._next_id, batch))
 
+    @_background
     async def _keep_alive(self, link: _Link) -> None:
         """While we hold ephemeral files, ping every third of the server's session TTL:
         the server cuts a session that holds them and is silent for the TTL (a hung
@@ -1768,6 +1782,7 @@ class Client:
             return ttl / 3
         return PING_AFTER
 
+    @_background
     async def _write_ephemeral_again(self) -> None:
         """A new session: the files our old one tied are deleted (or will be) with it.
         Write each again, ephemeral, where it is gone (``if_version=0``: applied after
@@ -2161,6 +2176,7 @@ async def open_client(
         raise body_error
 
 
+@_background
 async def _own_tasks(task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED) -> None:
     """A nursery for a client's own tasks, open until its scope is cancelled."""
     async with trio.open_nursery() as nursery:

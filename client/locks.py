@@ -142,6 +142,7 @@ class Lock:
             # connection, in the background, while it could be held.
             client._nursery.start_soon(self._send_release, self.ttl + _skew(client))
 
+    @trio.lowlevel.enable_ki_protection  # a client task: see _background in client.py
     async def _send_release(self, within: float) -> bool:
         """Send the release, through reconnects, for at most ``within`` seconds; True
         once the server has answered it (or the client is closing)."""
@@ -179,6 +180,7 @@ class Lock:
             if self._body is not None:
                 self._body.cancel()
 
+    @trio.lowlevel.enable_ki_protection  # a client task: see _background in client.py
     async def _renew_until_lost(self) -> None:
         """Renew every ttl/3; set :attr:`lost` at ``valid_until`` unless renewed, or
         as soon as the server refuses a renewal."""
@@ -478,6 +480,7 @@ class LeaderWatch:
             if link is not None and not link.broken and client._nursery is not None:
                 client._nursery.start_soon(self._unsubscribe, link)  # (a new link: none)
 
+    @trio.lowlevel.enable_ki_protection  # a client task: see _background in client.py
     async def _unsubscribe(self, link: _Link) -> None:
         with trio.move_on_after(RELEASE_WAIT), contextlib.suppress(FscacheError):
             await self._client._call(link, lambda i: p.LockWatch(id=i, name=self.name, stop=True))
