@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from multiprocessing import resource_tracker
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -138,7 +139,8 @@ def _worker(target: Callable[[Any], None], connection: Any) -> None:
     """A worker's life: ``target(connection)`` with Ctrl-C ignored. A Ctrl-C at the
     terminal reaches the whole process group; the parent alone handles it and stops
     its workers, which would otherwise each print a KeyboardInterrupt traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # it is already, from the parent
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent
     target(connection)
 
 
@@ -155,22 +157,32 @@ class WorkerPool:
         context = multiprocessing.get_context("spawn")
         self.pipes = []
         self.processes = []
-        for i in range(n):
-            ours, theirs = context.Pipe()
-            process = context.Process(
-                target=_worker, args=(target, theirs), name=f"{name}-{i}", daemon=True
-            )
-            # An ignored signal stays ignored across exec: the child ignores Ctrl-C
-            # from its first instruction, not only once _worker runs (a Ctrl-C while
-            # it imports would be a traceback). Ours is ignored only while it forks.
-            handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Ctrl-C is blocked while the workers start, and so in each of them from its
+        # first instruction (a signal mask survives fork and exec), not only once
+        # _worker ignores it: a Ctrl-C while a worker imports would be a traceback.
+        # Blocked, not ignored, here too: a Ctrl-C that reaches us meanwhile waits,
+        # pending, and is raised once the mask is restored; an ignored one is lost,
+        # and the run would go on as if no one had pressed it.
+        # multiprocessing starts its resource tracker with the first worker, and then
+        # unblocks Ctrl-C (where it should restore the mask): started first, it cannot.
+        resource_tracker.ensure_running()
+        try:
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
-                process.start()
+                for i in range(n):
+                    ours, theirs = context.Pipe()
+                    process = context.Process(
+                        target=_worker, args=(target, theirs), name=f"{name}-{i}", daemon=True
+                    )
+                    process.start()
+                    theirs.close()
+                    self.pipes.append(ours)
+                    self.processes.append(process)
             finally:
-                signal.signal(signal.SIGINT, handler)
-            theirs.close()
-            self.pipes.append(ours)
-            self.processes.append(process)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        except BaseException:  # that Ctrl-C, or a worker that could not start
+            self.close(at_once=True)
+            raise
 
     def __enter__(self) -> WorkerPool:
         return self

@@ -5,7 +5,10 @@ must hold on any machine.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,3 +42,51 @@ def test_a_pool_left_normally_lets_its_workers_finish() -> None:
         pool.send_all([1, 2])
         assert pool.receive_all(60.0) == [2, 4]
     assert all(pipe.closed for pipe in pool.pipes)
+
+
+_CTRL_C_WHILE_STARTING = """
+import os, signal, sys
+from multiprocessing.context import SpawnProcess
+from fscache.bench.procs import WorkerPool
+
+def deaf_to_ctrl_c():
+    # SIGINT blocked or ignored: a Ctrl-C cannot reach this process
+    with open("/proc/self/status") as status:
+        lines = [line.split() for line in status]
+    masks = [int(line[1], 16) for line in lines if line[0] in ("SigBlk:", "SigIgn:")]
+    return any(mask & 1 << (signal.SIGINT - 1) for mask in masks)
+
+DEAF_AT_IMPORT = deaf_to_ctrl_c()  # in a worker: while spawn imports this, before _worker
+
+def deaf(connection):
+    connection.send(DEAF_AT_IMPORT)
+    connection.recv()
+
+if __name__ == "__main__":
+    with WorkerPool(deaf, 2, name="t") as pool:  # the first: spawn's helper starts too
+        pool.send_all([None, None])
+        print("deaf to Ctrl-C while the workers imported:", *pool.receive_all(60.0))
+    start = SpawnProcess.start
+    def start_during_ctrl_c(process):
+        os.kill(os.getpid(), signal.SIGINT)  # pressed while the worker forks
+        start(process)
+    SpawnProcess.start = start_during_ctrl_c
+    try:
+        WorkerPool(deaf, 2, name="t")
+    except KeyboardInterrupt:
+        print("interrupted")
+"""
+
+
+def test_a_ctrl_c_while_the_workers_start_is_not_lost(tmp_path: Path) -> None:
+    """The workers start with Ctrl-C blocked, so that they ignore it from their first
+    instruction; in the parent it is held, pending, and raised once they are started,
+    not ignored and lost (the benchmark would run on as if no one had pressed it)."""
+    script = tmp_path / "starting.py"  # a file: spawn's children import it
+    script.write_text(_CTRL_C_WHILE_STARTING)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "deaf to Ctrl-C while the workers imported: True True",
+        "interrupted",
+    ]
