@@ -22,6 +22,7 @@ from fscache.bench.procs import stop_command, wait_ready
 from fscache.cli import parse_serving_line
 
 START_TIMEOUT = 15.0  # seconds a server may take to print its address
+PORT_ATTEMPTS = 3  # starts of a server whose picked port another process took
 STOP_TIMEOUT = 10.0
 CPU_TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # the kernel counts CPU time in these (10 ms)
 
@@ -67,10 +68,70 @@ def rss_bytes(pid: int) -> int:
 
 
 def free_port() -> int:
+    """A port free now; another process may take it before ours binds it: start a
+    server that cannot be told port 0 with :func:`spawn_on_free_ports`."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the socket listening on 127.0.0.1:``port``
+    (Linux's ``/proc``), rather than some other process that took the port."""
+    local = f"0100007F:{port:04X}"
+    try:
+        with open("/proc/net/tcp") as table:
+            rows = [line.split() for line in table]
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # it has ended
+        return False
+    sockets = {f"socket:[{row[9]}]" for row in rows if row[1] == local and row[3] == "0A"}
+    for fd in fds:
+        with contextlib.suppress(OSError):  # closed meanwhile
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in sockets:
+                return True
+    return False
+
+
+def _serves(pid: int, port: int, ready: Callable[[int], bool]) -> bool:
+    return listens(pid, port) and ready(port)
+
+
+def spawn_on_free_ports(
+    name: str,
+    ports: int,
+    argv_for: Callable[[list[int], int], list[str]],
+    ready: Callable[[int], bool],
+    timeout: float = START_TIMEOUT,
+) -> ServerProcess:
+    """Start a server that must be given its ports (Redis, etcd): ``argv_for(ports,
+    attempt)`` on ``ports`` free ones, the first its clients'. It is ready when it
+    listens on that port itself and ``ready(port)`` holds. A port that another process
+    took between :func:`free_port` and the server's bind makes the server exit: it is
+    started again on fresh ports, up to :data:`PORT_ATTEMPTS` times in all."""
+    for attempt in range(PORT_ATTEMPTS):
+        picked = [free_port() for _ in range(ports)]
+        popen = subprocess.Popen(
+            argv_for(picked, attempt),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C at the terminal is ours to handle
+        )  # fmt: skip
+        server = ServerProcess(name, popen, picked[0])  # type: ignore[arg-type]
+        try:
+            up = functools.partial(_serves, popen.pid, picked[0], ready)
+            if wait_ready(popen, up, timeout):
+                return server
+        except BaseException:
+            server.stop()
+            raise
+        timed_out = popen.poll() is None
+        server.stop()
+        if timed_out:
+            raise RuntimeError(f"{name} did not start in {timeout:.0f} s")
+    raise RuntimeError(
+        f"{name} did not start: it exited {PORT_ATTEMPTS} times, last with code {popen.returncode}"
+    )
 
 
 def spawn(
@@ -174,19 +235,16 @@ def redis_server(workdir: str) -> Iterator[ServerProcess]:
     binary = redis_server_binary()
     if binary is None:
         raise RuntimeError("redis-server is not installed")
-    port = free_port()
-    argv = [
-        binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-        "--appendonly", "no", "--dir", workdir, "--daemonize", "no", "--loglevel", "warning",
-    ]  # fmt: skip
-    popen = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-        start_new_session=True,  # a Ctrl-C at the terminal is ours to handle
-    )  # fmt: skip
-    server = ServerProcess("redis", popen, port)  # type: ignore[arg-type]
+
+    def argv(ports: list[int], attempt: int) -> list[str]:
+        return [
+            binary, "--port", str(ports[0]), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", workdir, "--daemonize", "no",
+            "--loglevel", "warning",
+        ]  # fmt: skip
+
+    server = spawn_on_free_ports("redis-server", 1, argv, _accepts)
     try:
-        if not wait_ready(popen, functools.partial(_accepts, port), START_TIMEOUT):
-            raise RuntimeError("redis-server did not start")
         yield server
     finally:
         server.stop()

@@ -53,7 +53,7 @@ import trio
 import fscache
 from fscache.bench import missing_extra, procs, run_main
 from fscache.bench.demo_reader import Reader
-from fscache.bench.harness import ServerProcess, free_port, fscache_server
+from fscache.bench.harness import ServerProcess, fscache_server, spawn_on_free_ports
 from fscache.bench.lock_holder import emit
 
 ETCD = "/usr/bin/etcd"
@@ -78,24 +78,21 @@ def etcd_version() -> str | None:
 @contextlib.contextmanager
 def etcd_server(workdir: str) -> Iterator[ServerProcess]:
     """One etcd member on free ports, its data in ``workdir``; yields once it is healthy."""
-    client, peer = free_port(), free_port()
-    argv = [
-        ETCD, "--name", "bench", "--data-dir", os.path.join(workdir, "etcd"),
-        "--listen-client-urls", f"http://127.0.0.1:{client}",
-        "--advertise-client-urls", f"http://127.0.0.1:{client}",
-        "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-        "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-        "--initial-cluster", f"bench=http://127.0.0.1:{peer}",
-        "--log-level", "error",
-    ]  # fmt: skip
-    popen = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-        start_new_session=True,  # a Ctrl-C at the terminal is ours to handle
-    )  # fmt: skip
-    server = ServerProcess("etcd", popen, client)  # type: ignore[arg-type]
+
+    def argv(ports: list[int], attempt: int) -> list[str]:
+        client, peer = ports
+        return [
+            ETCD, "--name", "bench", "--data-dir", os.path.join(workdir, f"etcd-{attempt}"),
+            "--listen-client-urls", f"http://127.0.0.1:{client}",
+            "--advertise-client-urls", f"http://127.0.0.1:{client}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"bench=http://127.0.0.1:{peer}",
+            "--log-level", "error",
+        ]  # fmt: skip
+
+    server = spawn_on_free_ports("etcd", 2, argv, _etcd_healthy, START_TIMEOUT)
     try:
-        if not procs.wait_ready(popen, lambda: _etcd_healthy(client), START_TIMEOUT):
-            raise RuntimeError("etcd did not start")
         yield server
     finally:
         server.stop()

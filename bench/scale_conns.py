@@ -68,7 +68,7 @@ import trio
 import fscache
 from fscache import protocol as p
 from fscache.bench import bounded, run_main
-from fscache.bench.harness import ServerProcess, free_port, process_cpu_seconds, rss_bytes
+from fscache.bench.harness import ServerProcess, process_cpu_seconds, rss_bytes
 from fscache.bench.procs import WorkerPool, stop_command
 from fscache.cli import parse_serving_line
 from fscache.client.client import Client
@@ -503,9 +503,9 @@ def measure_restart_storm(
     until they are all back, how many were refused, how many read an old value. The
     client processes run at ``clients_nice`` (0: the server's priority)."""
     shares = _shares(clients)
-    port = free_port()
     with _workdir() as root:
-        server = start_server(root, port=port, max_connections=clients + 16)
+        server = start_server(root, max_connections=clients + 16)
+        port = server.port  # it comes back on the same one
         pool = WorkerPool(_worker, len(shares), name="scale-client")
         nice = pool.renice(clients_nice)
         try:
