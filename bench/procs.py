@@ -161,8 +161,9 @@ class WorkerPool:
         # first instruction (a signal mask survives fork and exec), not only once
         # _worker ignores it: a Ctrl-C while a worker imports would be a traceback.
         # Blocked, not ignored, here too: a Ctrl-C that reaches us meanwhile waits,
-        # pending, and is raised once the mask is restored; an ignored one is lost,
-        # and the run would go on as if no one had pressed it.
+        # pending, until the mask is restored (or another of our threads takes it),
+        # and is raised then; an ignored one is lost, and the run would go on as if
+        # no one had pressed it.
         # multiprocessing starts its resource tracker with the first worker, and then
         # unblocks Ctrl-C (where it should restore the mask): started first, it cannot.
         resource_tracker.ensure_running()
