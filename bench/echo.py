@@ -9,11 +9,18 @@ No validation, no dispatch, no per-connection sender task. Run it in its own pro
 the fscache server itself uses, instead of trio's ``SocketStream``: a second
 baseline that shows how much of a difference is the I/O layer and how much is
 fscache's own work.
+
+``--root DIR`` answers each read frame with the file it names, opened beneath
+``DIR``, ``fstat``-ed and read, in the shape of fscache's data reply: the least a
+CBOR-over-TCP *file* server must do, with no path rules, leases or caches. Beside
+it, a miss shows what fscache's own work costs apart from the file system's.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import signal
 import struct
 from collections.abc import Awaitable, Callable
@@ -26,7 +33,36 @@ from fscache.net import SocketWire, StreamWire, Wire
 HEADER = struct.Struct(">I")
 
 
-async def echo_frames(stream: trio.SocketStream, wire: Wire | None = None) -> None:
+def echo(payload: bytes) -> bytes:
+    return cbor2.dumps(cbor2.loads(payload))
+
+
+def file_reader(root: str) -> Callable[[bytes], bytes]:
+    """The reply to a read frame: the file it names beneath ``root``; any other
+    frame is echoed."""
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+
+    def read_file(payload: bytes) -> bytes:
+        request = cbor2.loads(payload)
+        if request.get("t") != "read":  # the hello, say: echoed
+            return cbor2.dumps(request)
+        fd = os.open(request["path"], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=root_fd)
+        try:
+            st = os.fstat(fd)
+            data = os.read(fd, st.st_size)
+        finally:
+            os.close(fd)
+        return cbor2.dumps({
+            "t": "data", "id": request["id"], "version": st.st_mtime_ns, "term": 0.0,
+            "data": data,
+        })  # fmt: skip
+
+    return read_file
+
+
+async def echo_frames(
+    stream: trio.SocketStream, wire: Wire | None = None, answer: Callable[[bytes], bytes] = echo
+) -> None:
     if wire is None:
         wire = StreamWire(stream)
     buffer = bytearray()
@@ -43,7 +79,7 @@ async def echo_frames(stream: trio.SocketStream, wire: Wire | None = None) -> No
                     end = HEADER.size + length
                     if len(buffer) < end:
                         break
-                    payload = cbor2.dumps(cbor2.loads(bytes(buffer[HEADER.size : end])))
+                    payload = answer(bytes(buffer[HEADER.size : end]))
                     del buffer[:end]
                     replies.append(HEADER.pack(len(payload)) + payload)
                 if replies:
@@ -52,8 +88,10 @@ async def echo_frames(stream: trio.SocketStream, wire: Wire | None = None) -> No
         return
 
 
-async def echo_frames_on_wire(stream: trio.SocketStream) -> None:
-    await echo_frames(stream, SocketWire(stream))
+async def echo_frames_on_wire(
+    stream: trio.SocketStream, answer: Callable[[bytes], bytes] = echo
+) -> None:
+    await echo_frames(stream, SocketWire(stream), answer)
 
 
 async def main(handler: Callable[[trio.SocketStream], Awaitable[None]] = echo_frames) -> None:
@@ -79,5 +117,12 @@ if __name__ == "__main__":
         "--wire", action="store_true",
         help="serve over fscache's own socket I/O (SocketWire) instead of trio's SocketStream",
     )  # fmt: skip
+    parser.add_argument(
+        "--root", metavar="DIR",
+        help="answer each read frame with the file it names beneath DIR (opened, fstat-ed"
+        " and read), in the shape of fscache's data reply",
+    )  # fmt: skip
     args = parser.parse_args()
-    trio.run(main, echo_frames_on_wire if args.wire else echo_frames)
+    answer = echo if args.root is None else file_reader(args.root)
+    handler = echo_frames_on_wire if args.wire else echo_frames
+    trio.run(main, functools.partial(handler, answer=answer))

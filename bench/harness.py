@@ -194,10 +194,14 @@ def fscache_server(
 
 
 @contextlib.contextmanager
-def echo_server(*, wire: bool = False) -> Iterator[ServerProcess]:
+def echo_server(*, wire: bool = False, root: str | None = None) -> Iterator[ServerProcess]:
     """The bare trio echo server of :mod:`fscache.bench.echo` on a free port
-    (``wire``: on fscache's own socket I/O instead of trio's SocketStream)."""
-    argv = [sys.executable, "-m", "fscache.bench.echo", *(["--wire"] if wire else [])]
+    (``wire``: on fscache's own socket I/O instead of trio's SocketStream; ``root``:
+    answering each read frame with that file beneath ``root``)."""
+    argv = [
+        sys.executable, "-m", "fscache.bench.echo", *(["--wire"] if wire else []),
+        *(["--root", root] if root is not None else []),
+    ]  # fmt: skip
     server = spawn("echo", argv, _echo_address)
     try:
         yield server

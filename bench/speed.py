@@ -168,9 +168,10 @@ def measure_misses(root: str, *, count: int, rounds: int) -> Passes:
     """Median seconds per miss of each pass, every pass over ``count`` files its client
     has never read. Two kinds of file: *cold*, never read by the server either, and
     *warm*, read through another connection first (the server's content cache holds
-    it, as for any file that some client reads)."""
+    it, as for any file that some client reads). The echo that reads files reads
+    files of its own, never read before, as a cold miss's are."""
     names = {kind: [f"{kind}/{i:05d}" for i in range(count * rounds)] for kind in (
-        "miss", "frame", "warm")}  # fmt: skip
+        "miss", "frame", "warm", "file")}  # fmt: skip
     _write_files(root, [name for kind in names.values() for name in kind])
     written = time.monotonic()
     unread = {kind: iter(_chunks(paths, count)) for kind, paths in names.items()}
@@ -184,6 +185,7 @@ def measure_misses(root: str, *, count: int, rounds: int) -> Passes:
     with (
         echo_server() as echo,
         echo_server(wire=True) as echo_wire,
+        echo_server(root=root) as echo_file,
         fscache_server(root, term=LONG_TERM) as server,
     ):
         time.sleep(max(0.0, written + SERVER_CACHES_AFTER - time.monotonic()))
@@ -195,6 +197,7 @@ def measure_misses(root: str, *, count: int, rounds: int) -> Passes:
                 "echo_wire_rtt_s": lambda: median_of(_frame_round_trips, echo_wire.port, "echo"),
                 "miss_frame_client_s": lambda: median_of(_frame_round_trips, server.port, "frame"),
                 "miss_warm_s": lambda: median_of(_fscache_misses, server.port, "warm"),
+                "echo_file_rtt_s": lambda: median_of(_frame_round_trips, echo_file.port, "file"),
             },
             rounds,
         )
@@ -338,6 +341,7 @@ def summarize(passes: Passes) -> list[dict[str, Any]]:
             TARGETS["miss"]),
         row("  (miss, bare frame client)", "miss_frame_client_s", "echo_rtt_s", "us"),
         row("  (miss vs echo on fscache's socket I/O)", "miss_s", "echo_wire_rtt_s", "us"),
+        row("  (miss vs an echo that reads the file)", "miss_s", "echo_file_rtt_s", "us"),
         row("throughput, 50 clients, term 0", "fscache_msgs_per_s", "echo_msgs_per_s", "msg/s",
             TARGETS["throughput"], at_most=False),
         row("  (vs echo on fscache's socket I/O)", "fscache_msgs_per_s", "echo_wire_msgs_per_s",

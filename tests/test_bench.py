@@ -20,11 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import cbor2
 import numpy as np
 import pytest
 
 from fscache import cli
 from fscache.bench import (
+    echo,
     harness,
     model,
     plots,
@@ -42,6 +44,7 @@ from fscache.bench.driver import (
     schedule,
 )
 from fscache.bench.workload_config import ClientPlan
+from fscache.protocol import data_frame, read_frame
 
 REQUIRED_RUN_KEYS = {
     "system", "term", "server_consistency_msgs_per_s", "model_consistency_msgs_per_s",
@@ -461,6 +464,7 @@ def test_speed_ratios_are_medians_of_the_per_round_ratios() -> None:
         "hit_async_s": [5e-7, 5e-7, 5e-7],
         "echo_rtt_s": [1e-4] * 3, "miss_s": [1.2e-4] * 3, "miss_frame_client_s": [1.1e-4] * 3,
         "miss_warm_s": [1.5e-4] * 3, "echo_wire_rtt_s": [9e-5] * 3,
+        "echo_file_rtt_s": [1.1e-4] * 3,
         # a burst of noise in round 3 slows the baseline pass beside it, not the ratio
         "echo_msgs_per_s": [40000.0, 40000.0, 10000.0],
         "fscache_msgs_per_s": [20000.0, 20000.0, 5000.0],
@@ -535,6 +539,17 @@ def test_smoke_run_with_the_redis_peer(tmp_path: Path) -> None:
     assert run["hit_ratio"] > 0.0  # RESP3 client tracking does cache
     assert isinstance(run["stale_reads"], int)  # what the checker sees; not asserted
     assert np.isfinite(run["server_consistency_msgs_per_s"])
+
+
+def test_the_file_echo_answers_a_read_frame_with_the_file_as_fscache_would(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "a").write_bytes(b"contents")
+    reply = cbor2.loads(echo.file_reader(str(tmp_path))(read_frame(7, "m/a")[4:]))
+    assert reply.keys() == cbor2.loads(data_frame(7, 1, 0.0, b"")[4:]).keys()
+    assert (reply["t"], reply["id"], reply["data"]) == ("data", 7, b"contents")
+    assert reply["version"] == (tmp_path / "m" / "a").stat().st_mtime_ns
 
 
 @pytest.mark.slow
