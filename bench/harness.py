@@ -247,7 +247,7 @@ def redis_server(workdir: str) -> Iterator[ServerProcess]:
             "--loglevel", "warning",
         ]  # fmt: skip
 
-    server = spawn_on_free_ports("redis-server", 1, argv, _accepts)
+    server = spawn_on_free_ports("redis", 1, argv, _accepts)
     try:
         yield server
     finally:
