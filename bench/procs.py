@@ -157,17 +157,22 @@ class WorkerPool:
         context = multiprocessing.get_context("spawn")
         self.pipes = []
         self.processes = []
-        # Ctrl-C is blocked while the workers start, and so in each of them from its
-        # first instruction (a signal mask survives fork and exec), not only once
-        # _worker ignores it: a Ctrl-C while a worker imports would be a traceback.
-        # Blocked, not ignored, here too: a Ctrl-C that reaches us meanwhile waits,
-        # pending, until the mask is restored (or another of our threads takes it),
-        # and is raised then; an ignored one is lost, and the run would go on as if
-        # no one had pressed it.
+        # While the workers start, a Ctrl-C is held, not acted on at once, for two
+        # reasons. In each worker it must do nothing from its first instruction, not
+        # only once _worker ignores it (a Ctrl-C while a worker imports would be a
+        # traceback): SIGINT is blocked here, and a signal mask survives fork and
+        # exec. And here it must not cut a start in half, between the fork and the
+        # worker's start-up data (the worker would die of an EOFError traceback);
+        # blocking covers only this thread, and another of ours may take the signal,
+        # so the handler meanwhile only notes it. It is raised once every worker has
+        # started, and those workers are then stopped at once. (Ignoring it instead
+        # would lose it: the run would go on as if no one had pressed it.)
         # multiprocessing starts its resource tracker with the first worker, and then
         # unblocks Ctrl-C (where it should restore the mask): started first, it cannot.
         resource_tracker.ensure_running()
+        held: list[int] = []
         try:
+            handler = signal.signal(signal.SIGINT, lambda signum, _: held.append(signum))
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
                 for i in range(n):
@@ -180,7 +185,10 @@ class WorkerPool:
                     self.pipes.append(ours)
                     self.processes.append(process)
             finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a blocked one comes now
+                signal.signal(signal.SIGINT, handler)
+            if held:
+                raise KeyboardInterrupt
         except BaseException:  # that Ctrl-C, or a worker that could not start
             self.close(at_once=True)
             raise
